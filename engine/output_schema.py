@@ -1,0 +1,78 @@
+"""What a replay writes into OUTDIR: the contract between the engine and the reports.
+
+Times are float64 milliseconds of simulated time from the trace start. Token counts are int32.
+Reports read only these files (plus the trace named in run.json); the engine never reads reports.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+REQUESTS_FILE = "requests.parquet"
+CHUNKS_FILE = "chunks.parquet"
+STEPS_FILE = "steps.parquet"
+RUN_FILE = "run.json"
+
+# Request status values.
+STATUS_FINISHED = "finished"
+STATUS_REJECTED = "rejected"  # could never be replayed (too long, cannot fit); see reject_reason
+STATUS_UNFINISHED = "unfinished"  # still in flight when the run stopped (e.g. a time limit)
+
+REQUESTS_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("session_id", pa.string()),
+        ("turn", pa.int32()),
+        ("arrival_ms", pa.float64()),          # when the request reached the server (closed-loop turns: ready time)
+        ("first_scheduled_ms", pa.float64()),  # start of the step that first scheduled it
+        ("first_token_ms", pa.float64()),      # end of the step that emitted its first token
+        ("finish_ms", pa.float64()),           # end of the step that emitted its last token
+        ("ttft_ms", pa.float64()),
+        ("e2e_ms", pa.float64()),
+        ("queue_ms", pa.float64()),            # first_scheduled_ms - arrival_ms
+        ("tpot_ms", pa.float64()),             # (finish - first token) / (output_tokens - 1); null if 1 token
+        ("input_tokens", pa.int32()),
+        ("output_tokens", pa.int32()),
+        ("cached_tokens", pa.int32()),         # GPU prefix-cache hit tokens at first admission
+        ("cpu_hit_tokens", pa.int32()),        # G2 host-cache hit tokens at first admission
+        ("load_wait_ms", pa.float64()),        # total time waiting for H2D loads
+        ("num_preemptions", pa.int32()),
+        ("num_drafts", pa.int32()),            # MTP: decode steps that carried drafts
+        ("num_draft_tokens", pa.int32()),
+        ("num_accepted_tokens", pa.int32()),
+        ("mean_acceptance_length", pa.float64()),  # 1 + accepted / drafts; null without drafts
+        ("status", pa.string()),
+        ("reject_reason", pa.string()),
+    ]
+)
+
+CHUNKS_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.dictionary(pa.int32(), pa.string())),
+        ("time_ms", pa.float64()),  # end of the step that emitted the chunk
+        ("tokens", pa.int32()),     # output tokens in this chunk (>1 only with MTP)
+    ]
+)
+
+STEPS_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("start_ms", pa.float64()),
+        ("duration_ms", pa.float64()),
+        ("scheduled_tokens", pa.int32()),
+        ("prefill_tokens", pa.int32()),
+        ("prefill_requests", pa.int32()),
+        ("decode_requests", pa.int32()),
+        ("running", pa.int32()),
+        ("waiting", pa.int32()),
+        ("preemptions", pa.int32()),
+        ("kv_usage", pa.float32()),          # 1 - free / (num_gpu_blocks - 1), evictable cached blocks free
+        ("kv_blocks_used", pa.int32()),
+        ("draft_tokens", pa.int32()),
+        ("accepted_tokens", pa.int32()),
+        ("bytes_stored", pa.int64()),         # G2: D2H bytes started this step
+        ("bytes_loaded", pa.int64()),         # G2: H2D bytes started this step
+        ("cpu_blocks_used", pa.int64()),
+        ("cpu_usage", pa.float32()),
+    ]
+)

@@ -1,0 +1,1 @@
+"""Step-time models for one forward pass on modeled hardware."""

@@ -1,0 +1,59 @@
+"""The one interface the scheduler calls per step: how long does this batch take on the GPU?
+
+The scheduler summarises a step as a handful of integer sums (no per-request lists), so a call is
+cheap and every backend (roofline, aiconfigurator) sees the same facts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """One scheduled step, as sums over its requests.
+
+    prefill_* cover requests still consuming prompt tokens this step (a chunk of n_i new tokens over
+    p_i tokens already in KV, cached prefix and earlier chunks alike). decode_* cover requests that
+    generate this step; each contributes 1 + its draft tokens of query.
+    """
+
+    num_prefill_reqs: int = 0
+    prefill_tokens: int = 0        # sum n_i
+    prefill_ctx_tokens: int = 0    # sum p_i
+    prefill_attn_work: int = 0     # sum n_i * p_i + n_i * (n_i + 1) // 2 (causal pairs, per request)
+    num_decode_reqs: int = 0
+    decode_query_tokens: int = 0   # sum (1 + drafts_j)
+    decode_ctx_tokens: int = 0     # sum c_j (KV tokens each decode attends to)
+    num_spec_passes: int = 0       # MTP drafter passes after sampling (k), 0 without speculation
+
+
+@dataclass(slots=True)
+class StepBreakdown:
+    step_ms: float
+    host_overhead_ms: float
+    parts: dict[str, float] = field(default_factory=dict)  # linear, prefill_attn, decode_attn, comm, layer_overhead, drafter...
+
+
+class StepTimer(Protocol):
+    """Backends implement this. ``step_ms`` must be fast (< 5 us): it is called once per step."""
+
+    host_overhead_ms: float
+
+    def step_ms(
+        self,
+        num_prefill_reqs: int,
+        prefill_tokens: int,
+        prefill_ctx_tokens: int,
+        prefill_attn_work: int,
+        num_decode_reqs: int,
+        decode_query_tokens: int,
+        decode_ctx_tokens: int,
+        num_spec_passes: int,
+    ) -> float:
+        """Whole step time in ms, host overhead included."""
+        ...
+
+    def breakdown(self, shape: StepShape) -> StepBreakdown:
+        ...

@@ -1,0 +1,110 @@
+"""The canonical trace: one Parquet file, one row per request, provenance in key-value metadata.
+
+This module is the contract between ingest (which writes traces) and the engine and reports
+(which read them). See docs/trace-schema.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict
+
+from replay import __version__
+from replay.errors import TraceError
+
+SCHEMA_VERSION = "1"
+
+TRACE_SCHEMA = pa.schema(
+    [
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("arrival_ms", pa.int64(), nullable=False),
+        pa.field("input_tokens", pa.int32(), nullable=False),
+        pa.field("output_tokens", pa.int32(), nullable=False),
+        pa.field("hash_ids", pa.list_(pa.uint64()), nullable=True),
+        pa.field("session_id", pa.string(), nullable=True),
+        pa.field("parent_id", pa.string(), nullable=True),
+        pa.field("turn", pa.int32(), nullable=True),
+        pa.field("delay_ms", pa.int64(), nullable=True),
+        pa.field("priority", pa.int32(), nullable=True),
+    ]
+)
+
+PrefixIdentity = Literal["real", "synthesized", "absent"]
+
+METADATA_PREFIX = "replay."
+
+
+class TraceMetadata(BaseModel):
+    """Provenance of a canonical trace, stored as Parquet key-value metadata (``replay.*`` keys)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: str = SCHEMA_VERSION
+    source_format: str
+    source_file: str
+    source_sha256: str | None = None
+    time_unit: str
+    start_time: str | None = None  # absolute ISO-8601 start time of the trace, when the source has it
+    hash_block_size: int | None = None  # tokens per hash id; None when there are no hash ids
+    prefix_identity: PrefixIdentity
+    tokenizer: str | None = None
+    tool_version: str = __version__
+    notes: str | None = None
+
+    def to_parquet_metadata(self) -> dict[bytes, bytes]:
+        out: dict[bytes, bytes] = {}
+        for key, value in self.model_dump().items():
+            out[(METADATA_PREFIX + key).encode()] = json.dumps(value).encode()
+        return out
+
+    @classmethod
+    def from_parquet_metadata(cls, meta: dict[bytes, bytes] | None, path: str | Path = "") -> TraceMetadata:
+        meta = meta or {}
+        values = {}
+        for raw_key, raw_value in meta.items():
+            key = raw_key.decode()
+            if key.startswith(METADATA_PREFIX):
+                values[key[len(METADATA_PREFIX):]] = json.loads(raw_value.decode())
+        if "source_format" not in values:
+            raise TraceError(
+                "not a canonical trace (no replay.* metadata); convert it with `replay ingest` first",
+                path=str(path),
+            )
+        known = set(cls.model_fields)
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def read_trace_metadata(path: str | Path) -> TraceMetadata:
+    return TraceMetadata.from_parquet_metadata(pq.read_schema(path).metadata, path)
+
+
+def read_trace(path: str | Path) -> tuple[pa.Table, TraceMetadata]:
+    """Read a whole canonical trace (columns cast to the canonical schema)."""
+    path = Path(path)
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise TraceError(f"cannot read Parquet: {exc}", path=str(path)) from None
+    meta = TraceMetadata.from_parquet_metadata(pf.schema_arrow.metadata, path)
+    table = pf.read()
+    missing = [f.name for f in TRACE_SCHEMA if f.name not in table.column_names]
+    if missing:
+        raise TraceError(f"missing columns {missing}", path=str(path))
+    table = table.select(TRACE_SCHEMA.names).cast(TRACE_SCHEMA)
+    return table, meta
+
+
+def is_canonical_trace(path: str | Path) -> bool:
+    path = Path(path)
+    if path.suffix.lower() != ".parquet":
+        return False
+    try:
+        read_trace_metadata(path)
+    except Exception:
+        return False
+    return True
