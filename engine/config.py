@@ -1,0 +1,167 @@
+"""Engine configuration: pydantic models whose key names follow vLLM's engine arguments.
+
+Unknown keys are rejected everywhere (a typo must never silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from replay.errors import ConfigError
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SchedulerConfig(StrictModel):
+    # vLLM defaults on a >= 70 GiB GPU (spec/vllm-scheduler.md section 1).
+    max_num_batched_tokens: int = Field(8192, gt=0)
+    max_num_seqs: int = Field(1024, gt=0)
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    long_prefill_token_threshold: int = Field(0, ge=0)
+    reserve_full_isl: bool = True  # vLLM >= 0.19: admission needs room for the whole prompt
+    watermark: float = Field(0.0, ge=0.0, lt=1.0)  # fraction of blocks added to the admission need
+
+
+class KVCacheConfig(StrictModel):
+    block_size: int = Field(16, gt=0)
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = Field(0.92, gt=0.0, le=1.0)
+    num_gpu_blocks: int | None = Field(None, gt=1)  # includes vLLM's reserved null block
+    kv_cache_size_tokens: int | None = Field(None, gt=0)  # the server's "GPU KV cache size: N tokens"
+    kv_bytes_per_token: int | None = Field(None, gt=0)  # override for transfer sizing (per GPU rank)
+    cache_dtype: Literal["auto", "bf16", "fp8"] = "auto"
+
+    @model_validator(mode="after")
+    def _one_capacity(self) -> KVCacheConfig:
+        if self.num_gpu_blocks is not None and self.kv_cache_size_tokens is not None:
+            raise ValueError("give num_gpu_blocks or kv_cache_size_tokens, not both")
+        return self
+
+
+class LoadConfig(StrictModel):
+    mode: Literal["trace_timestamps", "concurrency", "poisson"] = "trace_timestamps"
+    speedup: float = Field(1.0, gt=0.0)  # trace_timestamps: arrival = timestamp / speedup
+    concurrency: int | None = Field(None, gt=0)  # concurrency: requests in flight at once
+    rate: float | None = Field(None, gt=0.0)  # poisson: requests per second
+    max_requests: int | None = Field(None, gt=0)  # replay only the first N requests of the trace
+    repeat: bool = False  # concurrency/poisson: cycle through the trace until max_requests
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> LoadConfig:
+        if self.mode == "concurrency" and self.concurrency is None:
+            raise ValueError("load.mode=concurrency needs load.concurrency")
+        if self.mode == "poisson" and self.rate is None:
+            raise ValueError("load.mode=poisson needs load.rate (requests per second)")
+        if self.repeat and self.max_requests is None:
+            raise ValueError("load.repeat needs load.max_requests")
+        return self
+
+
+class SpeculativeConfig(StrictModel):
+    method: Literal["mtp"] = "mtp"
+    num_speculative_tokens: int = Field(1, ge=1, le=8)
+    acceptance_rates: list[float] | None = None  # conditional per-position rates a_1..a_k
+    expected_accepted_tokens: float | None = Field(None, ge=0.0)  # E[accepted drafts per step]
+    seed: int = 42
+    drafter: Literal["model", "synthetic"] = "model"  # synthetic: costed as one extra target layer
+
+
+class HostOffloadConfig(StrictModel):
+    num_cpu_blocks: int | None = Field(None, gt=0)
+    size_gib: float | None = Field(None, gt=0.0)
+    block_size: int | None = Field(None, gt=0)  # offload block tokens; multiple of the GPU block size
+    d2h_gbps: float = Field(50.0, gt=0.0)  # PCIe Gen5 x16 pinned, per direction (spec/h200-timing.md)
+    h2d_gbps: float = Field(50.0, gt=0.0)
+    latency_us: float = Field(10.0, ge=0.0)  # per copy; spec says about 5-10 us
+    eviction: Literal["lru"] = "lru"
+
+    @model_validator(mode="after")
+    def _one_size(self) -> HostOffloadConfig:
+        if (self.num_cpu_blocks is None) == (self.size_gib is None):
+            raise ValueError("host_offload needs exactly one of num_cpu_blocks or size_gib")
+        return self
+
+
+class TimingConfig(StrictModel):
+    backend: Literal["roofline", "aic"] = "roofline"
+    profile: str | None = None  # a calibrated profile YAML from `replay calibrate`
+    host_overhead_ms: float | None = Field(None, ge=0.0)  # override the per-step host overhead
+
+
+class EngineConfig(StrictModel):
+    model: str = "meta-llama/Llama-3.1-8B"
+    hardware: str = "h200_sxm"
+    tensor_parallel_size: int = Field(1, gt=0)
+    dtype: Literal["bf16", "fp8"] = "bf16"  # weight dtype
+    max_model_len: int | None = Field(None, gt=0)
+    semantics: Literal["0.33", "0.11"] = "0.33"  # which vLLM version's scheduler rules to follow
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig)
+    load: LoadConfig = Field(default_factory=LoadConfig)
+    speculative: SpeculativeConfig | None = None
+    host_offload: HostOffloadConfig | None = None
+    timing: TimingConfig = Field(default_factory=TimingConfig)
+    seed: int = 0
+
+
+def _parse_scalar(text: str) -> Any:
+    """Override values use YAML scalars: 8192, 0.5, true, null, fcfs, [0.8, 0.3]."""
+    return yaml.safe_load(text)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` overrides (from ``--set``) to a config dict."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. scheduler.max_num_seqs=256")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = data
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = _parse_scalar(value)
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> EngineConfig:
+    """Load a YAML config (or the defaults), apply overrides, validate; errors name the file and key."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the config must be a mapping of keys to values")
+        data = loaded
+    if overrides:
+        data = apply_overrides(data, overrides)
+        source += " + --set " + " ".join(overrides)
+    try:
+        return EngineConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            lines.append(f"  {loc}: {msg}")
+        raise ConfigError(f"{source}: invalid config:\n" + "\n".join(lines)) from None
