@@ -153,6 +153,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the config must be a mapping of keys to values")
         data = loaded
+    return validate_config(data, source, overrides)
+
+
+def validate_config(data: dict[str, Any], source: str, overrides: list[str] | None = None) -> EngineConfig:
+    """Validate a config mapping (after ``--set`` overrides); errors list every bad key."""
     if overrides:
         data = apply_overrides(data, overrides)
         source += " + --set " + " ".join(overrides)

@@ -48,7 +48,7 @@ REQUESTS_SCHEMA = pa.schema(
 
 CHUNKS_SCHEMA = pa.schema(
     [
-        ("request_id", pa.dictionary(pa.int32(), pa.string())),
+        ("request_id", pa.string()),
         ("time_ms", pa.float64()),  # end of the step that emitted the chunk
         ("tokens", pa.int32()),     # output tokens in this chunk (>1 only with MTP)
     ]

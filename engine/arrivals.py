@@ -1,0 +1,76 @@
+"""When each request reaches the server: trace timestamps, closed-loop turns, concurrency, Poisson.
+
+The plan is fixed before the run except for what depends on completions (later turns of a session,
+and concurrency slots), which the simulator releases as requests finish.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.config import LoadConfig
+from engine.trace_input import TraceArrays
+
+
+@dataclass
+class ArrivalPlan:
+    open_order: np.ndarray  # request indices released at fixed times, sorted by time
+    open_times: np.ndarray  # float64 ms, non-decreasing
+    dependents: dict[int, list[tuple[int, float]]] = field(default_factory=dict)  # prev -> [(idx, delay)]
+    concurrency: int = 0  # > 0: closed loop, the next request in trace order starts when one finishes
+    concurrency_order: np.ndarray | None = None
+    delay_rule: str = ""
+
+
+def plan_arrivals(trace: TraceArrays, load: LoadConfig, seed: int, selected: np.ndarray) -> ArrivalPlan:
+    """``selected``: indices (in trace order) of the requests to replay."""
+    n = len(selected)
+    if load.mode == "concurrency":
+        return ArrivalPlan(
+            open_order=np.empty(0, np.int64), open_times=np.empty(0, np.float64),
+            concurrency=int(load.concurrency), concurrency_order=selected,
+            delay_rule=(f"closed loop at concurrency {load.concurrency}: each request starts when a slot "
+                        "frees, in trace order; trace timestamps and session delays are ignored"),
+        )
+    if load.mode == "poisson":
+        rng = np.random.default_rng(seed)
+        gaps = rng.exponential(1000.0 / float(load.rate), size=n)
+        times = np.cumsum(gaps) - gaps[0] if n else gaps
+        return ArrivalPlan(
+            open_order=selected, open_times=times.astype(np.float64),
+            delay_rule=(f"open-loop Poisson arrivals at {load.rate} req/s (seed {seed}) in trace order; "
+                        "trace timestamps and session delays are ignored"),
+        )
+
+    # Trace timestamps. A row whose session has an earlier selected row and which carries delay_ms
+    # is closed-loop: ready at the previous turn's completion + delay (both scaled by speedup).
+    speedup = float(load.speedup)
+    arrival = trace.arrival_ms[selected].astype(np.float64) / speedup
+    delay = trace.delay_ms[selected]
+    dependents: dict[int, list[tuple[int, float]]] = {}
+    is_open = np.ones(n, dtype=bool)
+    last_in_session: dict[str, int] = {}
+    session_ids = trace.session_id
+    num_closed = 0
+    for pos in range(n):  # rows are in arrival order, so a session's turns come in order
+        idx = int(selected[pos])
+        sid = session_ids[idx]
+        if sid is None:
+            continue
+        prev = last_in_session.get(sid)
+        last_in_session[sid] = idx
+        d = delay[pos]
+        if prev is not None and not np.isnan(d):
+            dependents.setdefault(prev, []).append((idx, float(d) / speedup))
+            is_open[pos] = False
+            num_closed += 1
+    open_idx = selected[is_open]
+    open_times = arrival[is_open]
+    sort = np.argsort(open_times, kind="stable")
+    rule = (f"trace timestamps / speedup {speedup:g}; {num_closed} later session turns with delay_ms are "
+            "closed-loop (ready at the previous turn's finish + delay_ms / speedup); rows without delay_ms "
+            "keep their timestamps (open loop)")
+    return ArrivalPlan(open_order=open_idx[sort], open_times=open_times[sort], dependents=dependents,
+                       delay_rule=rule)

@@ -1,0 +1,72 @@
+"""Name each engine KV block by the identity of the token prefix it ends, without tokens.
+
+vLLM hashes a full block as H(parent_hash, block tokens), so a block hash names the whole prefix
+up to the block's end. Traces give the same kind of chained identity at their own granularity
+(`hash_block_size` tokens per id, e.g. 512 for Mooncake): trace id i names the first
+(i + 1) * HB tokens, and the last id names the whole (possibly partial) last trace block.
+
+So the first t tokens of a prompt (t <= input_tokens) are named by (id of the trace block holding
+token t - 1, offset of t inside it). Two requests share that name exactly when they share that
+trace block, which by chaining means they share the whole prefix. This is exact at trace-block
+granularity; finer sharing inside a trace block is unknowable from the trace (a documented limit).
+
+Tokens the trace has no identity for (generated tokens, prompts without hash ids) get keys unique
+to the request, so only the request itself can hit them again (after a preemption).
+
+With MTP under vLLM 0.33 each block hash also covers the next ``lookahead`` tokens: block j is
+named by the prefix of (j + 1) * B + lookahead tokens.
+"""
+
+from __future__ import annotations
+
+_OFFSET_BITS = 24  # offsets inside a trace block (hash_block_size < 2**24 tokens)
+_UNIQUE_BITS = 40  # token positions inside one request (< 2**40 tokens)
+
+
+class BlockKeys:
+    """Block keys for one request. Keys are plain ints (fast dict keys); unique keys are negative."""
+
+    __slots__ = ("ids", "start", "end", "hash_block_size", "block_size", "input_tokens",
+                 "unique_tag", "lookahead", "_aligned_ratio")
+
+    def __init__(self, ids: list[int], start: int, end: int, hash_block_size: int | None,
+                 block_size: int, input_tokens: int, unique_tag: int, lookahead: int = 0) -> None:
+        self.ids = ids  # shared flat list of every row's ids; this request's are ids[start:end]
+        self.start = start
+        self.end = end
+        self.hash_block_size = hash_block_size or 0
+        self.block_size = block_size
+        self.input_tokens = input_tokens if end > start and hash_block_size else 0
+        self.unique_tag = unique_tag
+        self.lookahead = lookahead
+        hb = self.hash_block_size
+        self._aligned_ratio = hb // block_size if hb and hb % block_size == 0 and lookahead == 0 else 0
+
+    def prefix_key(self, t: int) -> int:
+        """Identity of the first ``t`` tokens (t >= 1) of this request."""
+        if t <= self.input_tokens:
+            hb = self.hash_block_size
+            i = (t - 1) // hb
+            return (self.ids[self.start + i] << _OFFSET_BITS) | (t - i * hb)
+        return -((self.unique_tag << _UNIQUE_BITS) | t) - 1
+
+    def block_keys(self, j0: int, j1: int) -> list[int]:
+        """Keys of blocks j0..j1-1 (each must be full, lookahead included)."""
+        if j1 <= j0:
+            return []
+        bs = self.block_size
+        ratio = self._aligned_ratio
+        if ratio:
+            # Fast path: engine blocks tile trace blocks exactly, no lookahead.
+            last_trace_full = self.input_tokens // bs  # blocks fully inside the prompt
+            split = min(j1, last_trace_full)
+            ids, start = self.ids, self.start
+            out = [(ids[start + j // ratio] << _OFFSET_BITS) | ((j % ratio + 1) * bs)
+                   for j in range(j0, split)]
+            if split < j1:
+                tag = self.unique_tag << _UNIQUE_BITS
+                out.extend(-(tag | ((j + 1) * bs)) - 1 for j in range(max(j0, split), j1))
+            return out
+        la = self.lookahead
+        pk = self.prefix_key
+        return [pk((j + 1) * bs + la) for j in range(j0, j1)]

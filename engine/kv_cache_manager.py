@@ -1,0 +1,119 @@
+"""vLLM V1's KVCacheManager (v1/core/kv_cache_manager.py) for one full-attention group.
+
+Block work is done per allocation (a chunk or a decode step), never per step over all of a
+request's blocks: a request keeps its block table and how many leading blocks are already
+registered in the prefix cache, so each call touches only the blocks that changed.
+"""
+
+from __future__ import annotations
+
+from engine.block_pool import BlockPool
+from engine.request import Request
+
+_KEY_BATCH = 64  # keys computed per batch while walking a prefix (most walks stop early)
+
+
+class KVCacheManager:
+    __slots__ = ("pool", "block_size", "enable_caching", "hash_lookahead", "drop_last_hit",
+                 "prefix_queries", "prefix_hits")
+
+    def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = True,
+                 hash_lookahead: int = 0, drop_last_hit: bool = False) -> None:
+        self.pool = BlockPool(num_gpu_blocks)
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        # MTP/EAGLE: [0.33] block hashes also cover the next `hash_lookahead` tokens;
+        # [0.11] the last hit block is dropped instead.
+        self.hash_lookahead = hash_lookahead
+        self.drop_last_hit = drop_last_hit
+        self.prefix_queries = 0  # tokens looked up (vLLM's prefix_cache_queries)
+        self.prefix_hits = 0
+
+    @property
+    def usage(self) -> float:
+        return self.pool.get_usage()
+
+    def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:
+        """Leading cached blocks of ``req`` and the tokens they cover.
+
+        The last token is never a hit (it must be computed to produce logits), so the walk stops
+        at (num_tokens - 1) // block_size blocks; with lookahead hashes a block also needs its
+        next tokens to exist.
+        """
+        if not self.enable_caching:
+            return [], 0
+        bs = self.block_size
+        limit = min((req.num_tokens - 1) // bs, (req.num_tokens - 1 - self.hash_lookahead) // bs)
+        hits: list[int] = []
+        cached_get = self.pool.cached.get
+        j = 0
+        while j < limit:
+            batch = req.keys.block_keys(j, min(limit, j + _KEY_BATCH))
+            for key in batch:
+                b = cached_get(key)
+                if b is None:
+                    limit = -1
+                    break
+                hits.append(b)
+            j += len(batch)
+        if self.drop_last_hit and hits:
+            hits.pop()
+        return hits, len(hits) * bs
+
+    def num_blocks_to_admit(self, req: Request, new_computed_blocks: list[int], num_tokens: int,
+                            num_lookahead_tokens: int = 0) -> int:
+        """Free blocks that holding ``num_tokens`` tokens of ``req`` would consume.
+
+        Hits whose ref_cnt is 0 sit in the free queue, so touching them consumes free capacity too.
+        """
+        bs = self.block_size
+        needed = -(-(num_tokens + num_lookahead_tokens) // bs)
+        held = len(req.block_ids) + len(new_computed_blocks)
+        ref_cnt = self.pool.ref_cnt
+        evictable_hits = sum(1 for b in new_computed_blocks if ref_cnt[b] == 0)
+        return max(0, needed - held) + evictable_hits
+
+    def allocate_slots(self, req: Request, num_new_tokens: int,
+                       new_computed_blocks: list[int] | None = None,
+                       num_lookahead_tokens: int = 0) -> bool:
+        """Make room for ``num_new_tokens`` (+ lookahead) more tokens; False if the pool is short."""
+        bs = self.block_size
+        pool = self.pool
+        num_new_computed = len(new_computed_blocks) if new_computed_blocks else 0
+        num_computed = req.num_computed_tokens + num_new_computed * bs
+        held = len(req.block_ids) + num_new_computed
+        needed = -(-(num_computed + num_new_tokens + num_lookahead_tokens) // bs)
+        num_new_blocks = needed - held
+        if num_new_blocks < 0:
+            num_new_blocks = 0
+        if new_computed_blocks:
+            ref_cnt = pool.ref_cnt
+            evictable = sum(1 for b in new_computed_blocks if ref_cnt[b] == 0)
+            if num_new_blocks + evictable > len(pool.free_queue):
+                return False
+            pool.touch(new_computed_blocks)
+            req.block_ids.extend(new_computed_blocks)
+            req.num_cached_blocks = len(req.block_ids)
+        elif num_new_blocks > len(pool.free_queue):
+            return False
+        if num_new_blocks:
+            req.block_ids.extend(pool.get_new_blocks(num_new_blocks))
+        if self.enable_caching:
+            tokens_to_cache = num_computed + num_new_tokens
+            if tokens_to_cache > req.num_tokens:
+                tokens_to_cache = req.num_tokens  # draft tokens are never cached
+            num_full = (tokens_to_cache - self.hash_lookahead) // bs
+            start = req.num_cached_blocks
+            if num_full > start:
+                pool.cache_full_blocks(req.block_ids[start:num_full], req.keys.block_keys(start, num_full))
+                req.num_cached_blocks = num_full
+        return True
+
+    def free(self, req: Request) -> None:
+        """Release a request's blocks, last block first, so its prefix head is evicted last."""
+        blocks = req.block_ids
+        if blocks:
+            blocks.reverse()
+            self.pool.free_blocks(blocks)
+        req.block_ids = []
+        req.num_cached_blocks = 0

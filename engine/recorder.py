@@ -1,0 +1,198 @@
+"""Collects what each request and step experienced, and writes the output Parquet files.
+
+Per-request results live in preallocated numpy columns (a request object is dropped once it
+finishes); chunks and steps stream into Parquet row groups so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+from array import array
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.output_schema import (
+    CHUNKS_SCHEMA,
+    REQUESTS_SCHEMA,
+    STATUS_FINISHED,
+    STATUS_REJECTED,
+    STATUS_UNFINISHED,
+    STEPS_SCHEMA,
+)
+from engine.request import Request
+from engine.trace_input import TraceArrays
+
+_ROW_GROUP = 1 << 20
+_STEP_FIELDS = [f.name for f in STEPS_SCHEMA]
+_STEP_TYPECODES = {pa.int64(): "q", pa.int32(): "i", pa.float64(): "d", pa.float32(): "d"}
+
+# Parquet writer settings fixed here so that identical runs give identical bytes.
+_PARQUET_OPTS = dict(compression="zstd", write_statistics=True, use_dictionary=True)
+
+
+class Recorder:
+    def __init__(self, trace: TraceArrays, outdir: Path) -> None:
+        n = len(trace)
+        self.trace = trace
+        self.outdir = outdir
+        nan = np.full(n, np.nan)
+        self.replayed = np.zeros(n, dtype=bool)
+        self.arrival = nan.copy()
+        self.first_scheduled = nan.copy()
+        self.first_token = nan.copy()
+        self.finish = nan.copy()
+        self.output_tokens = np.zeros(n, dtype=np.int32)
+        self.cached = np.zeros(n, dtype=np.int32)
+        self.cpu_hit = np.zeros(n, dtype=np.int32)
+        self.load_wait = np.zeros(n, dtype=np.float64)
+        self.preemptions = np.zeros(n, dtype=np.int32)
+        self.drafts = np.zeros(n, dtype=np.int32)
+        self.draft_tokens = np.zeros(n, dtype=np.int32)
+        self.accepted = np.zeros(n, dtype=np.int32)
+        self.status = np.full(n, 2, dtype=np.int8)  # 0 finished, 1 rejected, 2 unfinished
+        self.reject_reason: dict[int, str] = {}
+        self._chunk_req = array("i")
+        self._chunk_time = array("d")
+        self._chunk_tokens = array("i")
+        self._steps = {name: array(_STEP_TYPECODES[STEPS_SCHEMA.field(name).type]) for name in _STEP_FIELDS}
+        self._request_ids = pa.array(trace.request_id, pa.string())
+        self._chunk_writer = pq.ParquetWriter(outdir / "chunks.parquet", CHUNKS_SCHEMA, **_PARQUET_OPTS)
+        self._step_writer = pq.ParquetWriter(outdir / "steps.parquet", STEPS_SCHEMA, **_PARQUET_OPTS)
+        self.num_chunks = 0
+        self.num_steps = 0
+
+    # -- hot path ------------------------------------------------------------------------------
+    def emit_chunk(self, idx: int, time_ms: float, tokens: int) -> None:
+        self._chunk_req.append(idx)
+        self._chunk_time.append(time_ms)
+        self._chunk_tokens.append(tokens)
+        if len(self._chunk_req) >= _ROW_GROUP:
+            self._flush_chunks()
+
+    def record_step(self, values: tuple) -> None:
+        for buf, v in zip(self._steps.values(), values):
+            buf.append(v)
+        self.num_steps += 1
+        if len(self._steps["step"]) >= _ROW_GROUP:
+            self._flush_steps()
+
+    def request_finished(self, r: Request) -> None:
+        i = r.idx
+        self.replayed[i] = True
+        self.arrival[i] = r.arrival_ms
+        self.first_scheduled[i] = r.first_scheduled_ms
+        self.first_token[i] = r.first_token_ms
+        self.finish[i] = r.finish_ms
+        self.output_tokens[i] = r.num_output_tokens
+        self.cached[i] = max(r.num_cached_tokens, 0)
+        self.cpu_hit[i] = max(r.num_cpu_hit_tokens, 0)
+        self.load_wait[i] = r.load_wait_ms
+        self.preemptions[i] = r.num_preemptions
+        self.drafts[i] = r.num_drafts
+        self.draft_tokens[i] = r.num_draft_tokens_total
+        self.accepted[i] = r.num_accepted_tokens
+        self.status[i] = 0
+
+    def request_unfinished(self, r: Request) -> None:
+        self.request_finished(r)
+        self.status[r.idx] = 2
+        self.finish[r.idx] = np.nan
+
+    def request_rejected(self, idx: int, arrival_ms: float, reason: str) -> None:
+        self.replayed[idx] = True
+        self.arrival[idx] = arrival_ms
+        self.status[idx] = 1
+        self.reject_reason[idx] = reason
+
+    # -- output --------------------------------------------------------------------------------
+    def _flush_chunks(self) -> None:
+        if not self._chunk_req:
+            return
+        idx = pa.array(np.frombuffer(self._chunk_req, dtype=np.int32))
+        table = pa.Table.from_arrays(
+            [self._request_ids.take(idx), pa.array(np.frombuffer(self._chunk_time, dtype=np.float64)),
+             pa.array(np.frombuffer(self._chunk_tokens, dtype=np.int32))],
+            schema=CHUNKS_SCHEMA,
+        )
+        self._chunk_writer.write_table(table, row_group_size=_ROW_GROUP)
+        self.num_chunks += len(self._chunk_req)
+        self._chunk_req = array("i")
+        self._chunk_time = array("d")
+        self._chunk_tokens = array("i")
+
+    def _flush_steps(self) -> None:
+        if not self._steps["step"]:
+            return
+        cols = []
+        for f in STEPS_SCHEMA:
+            buf = self._steps[f.name]
+            np_type = {"q": np.int64, "i": np.int32, "d": np.float64}[buf.typecode]
+            cols.append(pa.array(np.frombuffer(buf, dtype=np_type)).cast(f.type))
+        self._step_writer.write_table(pa.Table.from_arrays(cols, schema=STEPS_SCHEMA), row_group_size=_ROW_GROUP)
+        self._steps = {name: array(buf.typecode) for name, buf in self._steps.items()}
+
+    def close(self) -> None:
+        self._flush_chunks()
+        self._flush_steps()
+        self._chunk_writer.close()
+        self._step_writer.close()
+        self._write_requests()
+
+    def abort(self) -> None:
+        for w in (self._chunk_writer, self._step_writer):
+            try:
+                w.close()
+            except Exception:  # pragma: no cover - best effort on the failure path
+                pass
+
+    def _write_requests(self) -> None:
+        t = self.trace
+        sel = np.flatnonzero(self.replayed)
+        finished = self.status[sel] == 0
+        arrival = self.arrival[sel]
+        first_token = np.where(finished, self.first_token[sel], np.nan)
+        finish = np.where(finished, self.finish[sel], np.nan)
+        first_sched = self.first_scheduled[sel]
+        first_sched = np.where(first_sched >= 0, first_sched, np.nan)
+        out_tok = self.output_tokens[sel]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(finished & (out_tok > 1), (finish - first_token) / (out_tok - 1), np.nan)
+        drafts = self.drafts[sel]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mal = np.where(drafts > 0, 1.0 + self.accepted[sel] / np.maximum(drafts, 1), np.nan)
+        status_names = np.array([STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED], dtype=object)
+        turn = t.turn[sel]
+        session = [t.session_id[i] for i in sel]
+
+        def f64(x: np.ndarray) -> pa.Array:
+            return pa.array(x, pa.float64(), from_pandas=True)  # NaN -> null
+
+        cols = {
+            "request_id": self._request_ids.take(pa.array(sel.astype(np.int64))),
+            "session_id": pa.array(session, pa.string()),
+            "turn": pa.array(np.where(turn >= 0, turn, 0).astype(np.int32), mask=turn < 0),
+            "arrival_ms": pa.array(arrival, pa.float64()),
+            "first_scheduled_ms": f64(first_sched),
+            "first_token_ms": f64(first_token),
+            "finish_ms": f64(finish),
+            "ttft_ms": f64(first_token - arrival),
+            "e2e_ms": f64(finish - arrival),
+            "queue_ms": f64(first_sched - arrival),
+            "tpot_ms": f64(tpot),
+            "input_tokens": pa.array(t.input_tokens[sel].astype(np.int32)),
+            "output_tokens": pa.array(out_tok),
+            "cached_tokens": pa.array(self.cached[sel]),
+            "cpu_hit_tokens": pa.array(self.cpu_hit[sel]),
+            "load_wait_ms": pa.array(self.load_wait[sel]),
+            "num_preemptions": pa.array(self.preemptions[sel]),
+            "num_drafts": pa.array(drafts),
+            "num_draft_tokens": pa.array(self.draft_tokens[sel]),
+            "num_accepted_tokens": pa.array(self.accepted[sel]),
+            "mean_acceptance_length": f64(mal),
+            "status": pa.array(status_names[self.status[sel]].tolist(), pa.string()),
+            "reject_reason": pa.array([self.reject_reason.get(int(i)) for i in sel], pa.string()),
+        }
+        table = pa.Table.from_pydict(cols, schema=REQUESTS_SCHEMA)
+        pq.write_table(table, self.outdir / "requests.parquet", row_group_size=_ROW_GROUP, **_PARQUET_OPTS)

@@ -1,0 +1,222 @@
+"""Replay one canonical trace with one config into an output directory (atomically)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.arrivals import plan_arrivals
+from engine.config import EngineConfig
+from engine.kv_cache_manager import KVCacheManager
+from engine.output_schema import RUN_FILE
+from engine.recorder import Recorder
+from engine.scheduler import Scheduler, SchedulerLimits
+from engine.simulator import ProgressFn, Simulator
+from engine.spec_decode import AcceptanceSampler, resolve_rates
+from engine.timing.base import StepTimer
+from engine.trace_input import TraceArrays, trace_arrays
+from ingest.schema import TraceMetadata
+from replay import __version__
+from replay.atomic import atomic_dir, write_json_atomic
+from replay.errors import TraceError
+
+_MAX_LISTED = 10
+
+
+@dataclass
+class EngineSetup:
+    """Everything derived from the config before the run: capacity, limits, timer."""
+
+    num_gpu_blocks: int
+    capacity_source: str
+    max_model_len: int
+    timer: StepTimer
+    kv_bytes_per_token: int
+    uncalibrated: list[str] = field(default_factory=list)
+    capacity_detail: dict = field(default_factory=dict)
+
+
+def resolve_setup(config: EngineConfig) -> EngineSetup:
+    """Model, KV capacity and step timer for a config (errors name the config key)."""
+    from engine.kv_capacity import kv_bytes_per_token, resolve_num_gpu_blocks
+    from engine.models import get_model
+    from engine.timing import build_timer
+
+    model = get_model(config.model)
+    cap = resolve_num_gpu_blocks(config)
+    timer = build_timer(config)
+    max_model_len = config.max_model_len or int(model.max_position_embeddings)
+    uncal = list(getattr(timer, "uncalibrated", ["host_overhead_ms"]))
+    detail = {k: v for k, v in vars(cap).items() if k not in ("num_gpu_blocks", "source")} if hasattr(cap, "__dict__") else {}
+    return EngineSetup(num_gpu_blocks=int(cap.num_gpu_blocks), capacity_source=str(cap.source),
+                       max_model_len=max_model_len, timer=timer,
+                       kv_bytes_per_token=int(kv_bytes_per_token(config)), uncalibrated=uncal,
+                       capacity_detail=detail)
+
+
+@dataclass
+class RunSummary:
+    outdir: Path
+    run_info: dict
+
+
+def find_unreplayable(trace: TraceArrays, selected: np.ndarray, config: EngineConfig,
+                      setup: EngineSetup) -> dict[int, str]:
+    """Requests that can never complete: too long for the model, or larger than the whole KV cache."""
+    bs = config.kv_cache.block_size
+    k = config.speculative.num_speculative_tokens if config.speculative else 0
+    usable = setup.num_gpu_blocks - 1
+    inp = trace.input_tokens[selected]
+    out = trace.output_tokens[selected]
+    too_long = inp + out > setup.max_model_len
+    # KV needed at the last step: every token but the last sampled one, plus MTP lookahead slots.
+    blocks_needed = -(-(inp + out - 1 + k) // bs)
+    too_big = blocks_needed > usable
+    rejected: dict[int, str] = {}
+    for pos in np.flatnonzero(too_long | too_big):
+        idx = int(selected[pos])
+        if too_long[pos]:
+            rejected[idx] = (f"input {int(inp[pos])} + output {int(out[pos])} tokens exceed "
+                             f"max_model_len {setup.max_model_len}")
+        else:
+            rejected[idx] = (f"needs {int(blocks_needed[pos])} KV blocks but the cache has only {usable} "
+                             f"usable blocks of {bs} tokens")
+    return rejected
+
+
+def _fingerprint(table: pa.Table) -> str:
+    """Content hash of the canonical columns: equal fingerprints mean the same trace."""
+    h = hashlib.sha256()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema.remove_metadata()) as writer:
+        writer.write_table(table.combine_chunks())
+    h.update(sink.getvalue().to_pybytes())
+    return h.hexdigest()
+
+
+def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, outdir: str | Path, *,
+                 trace_path: str | Path | None = None, config_source: str | None = None,
+                 on_error: str = "fail", overwrite: bool = True, progress: ProgressFn | None = None,
+                 check_invariants: bool = False, setup: EngineSetup | None = None) -> RunSummary:
+    """Replay ``table`` under ``config`` into ``outdir``; nothing is written unless the run completes."""
+    wall_start = time.perf_counter()
+    setup = setup or resolve_setup(config)
+    trace = trace_arrays(table, meta.hash_block_size)
+    n = len(trace)
+    if n == 0:
+        raise TraceError("the trace has no rows", path=str(trace_path) if trace_path else None)
+    limit = config.load.max_requests
+    selected = np.arange(min(n, limit) if limit else n, dtype=np.int64)
+    rejected = find_unreplayable(trace, selected, config, setup)
+    if rejected and on_error != "skip":
+        ids = [f"{trace.request_id[i]} ({why})" for i, why in list(rejected.items())[:_MAX_LISTED]]
+        more = f" and {len(rejected) - _MAX_LISTED} more" if len(rejected) > _MAX_LISTED else ""
+        raise TraceError(
+            f"{len(rejected)} request(s) can never be replayed with this config: " + "; ".join(ids) + more
+            + ". Raise max_model_len or the KV capacity, or pass --on-error skip to mark them rejected.",
+            path=str(trace_path) if trace_path else None)
+
+    bs = config.kv_cache.block_size
+    k = config.speculative.num_speculative_tokens if config.speculative else 0
+    sampler = None
+    if config.speculative is not None:
+        sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
+    lookahead_hash = k if (k and config.semantics == "0.33") else 0
+    kv = KVCacheManager(setup.num_gpu_blocks, bs, config.kv_cache.enable_prefix_caching,
+                        hash_lookahead=lookahead_hash, drop_last_hit=bool(k and config.semantics == "0.11"))
+    offload = None
+    if config.host_offload is not None:
+        from engine.offload import OffloadManager
+
+        offload = OffloadManager(config.host_offload, kv, setup.kv_bytes_per_token)
+    sc = config.scheduler
+    v011 = config.semantics == "0.11"
+    limits = SchedulerLimits(
+        max_num_batched_tokens=sc.max_num_batched_tokens,
+        max_num_seqs=sc.max_num_seqs,
+        max_model_len=setup.max_model_len,
+        long_prefill_token_threshold=sc.long_prefill_token_threshold,
+        reserve_full_isl=sc.reserve_full_isl and not v011,
+        watermark_blocks=0 if v011 else int(sc.watermark * setup.num_gpu_blocks),
+        policy=sc.policy,
+        num_spec_tokens=k,
+    )
+    scheduler = Scheduler(limits, kv, sampler, offload)
+    plan = plan_arrivals(trace, config.load, config.seed, selected)
+
+    with atomic_dir(outdir, overwrite=overwrite) as tmp:
+        recorder = Recorder(trace, tmp)
+        sim = Simulator(trace, plan, scheduler, setup.timer, recorder, block_size=bs,
+                        hash_lookahead=lookahead_hash, rejected=rejected, num_to_replay=len(selected),
+                        check_invariants=check_invariants, progress=progress)
+        try:
+            sim.run()
+        except BaseException:
+            recorder.abort()
+            raise
+        recorder.close()
+        if trace_path is not None and Path(trace_path).suffix == ".parquet" and meta is not None:
+            stored_trace = Path(trace_path).resolve()
+            final_trace = stored_trace
+        else:
+            pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                                          **meta.to_parquet_metadata()}),
+                           tmp / "trace.parquet", compression="zstd")
+            final_trace = Path(outdir).resolve() / "trace.parquet"
+        status = recorder.status[selected]
+        totals = {
+            "requests": int(len(selected)),
+            "finished": int((status == 0).sum()),
+            "rejected": int((status == 1).sum()),
+            "unfinished": int((status == 2).sum()),
+            "input_tokens": int(trace.input_tokens[selected].sum()),
+            "output_tokens": int(recorder.output_tokens[selected].sum()),
+            "prefix_query_tokens": scheduler.prefix_query_tokens,
+            "prefix_hit_tokens": scheduler.prefix_hit_tokens,
+            "cpu_hit_tokens": scheduler.cpu_hit_tokens,
+            "preemptions": scheduler.total_preemptions,
+            "steps": recorder.num_steps,
+            "chunks": recorder.num_chunks,
+            "gpu_block_evictions": kv.pool.num_evictions,
+        }
+        if offload is not None:
+            totals.update(offload.totals())
+        warnings = []
+        if rejected:
+            warnings.append(f"{len(rejected)} request(s) rejected before the run (see reject_reason)")
+        if totals["unfinished"]:
+            warnings.append(f"{totals['unfinished']} request(s) did not finish")
+        info = {
+            "tool_version": __version__,
+            "config": config.model_dump(mode="json"),
+            "config_source": config_source or "defaults",
+            "trace": {
+                "path": str(final_trace),
+                "fingerprint": _fingerprint(table),
+                "rows": n,
+                "replayed_rows": int(len(selected)),
+                "metadata": meta.model_dump(mode="json"),
+            },
+            "seed": config.seed,
+            "num_gpu_blocks": setup.num_gpu_blocks,
+            "kv_capacity": {"source": setup.capacity_source, "num_gpu_blocks": setup.num_gpu_blocks,
+                            "tokens": (setup.num_gpu_blocks - 1) * bs, **setup.capacity_detail},
+            "kv_bytes_per_token": setup.kv_bytes_per_token,
+            "max_model_len": setup.max_model_len,
+            "simulated_span_ms": sim.now,
+            "wall_time_s": round(time.perf_counter() - wall_start, 3),
+            "totals": totals,
+            "warnings": warnings,
+            "timing": {"backend": config.timing.backend, "uncalibrated": setup.uncalibrated},
+            "session_delay_rule": plan.delay_rule,
+            "prefix_hit_rate": (scheduler.prefix_hit_tokens / scheduler.prefix_query_tokens
+                                if scheduler.prefix_query_tokens else None),
+        }
+        write_json_atomic(tmp / RUN_FILE, info)
+    return RunSummary(outdir=Path(outdir), run_info=info)

@@ -1,0 +1,313 @@
+"""vLLM V1's Scheduler (v1/core/sched/scheduler.py): one token budget per step, running first.
+
+`schedule()` builds one step; the simulator times it and calls `update_from_output()` at the step's
+end. Behaviour follows vLLM 0.33 unless `semantics == "0.11"` (no full-prompt admission gate, no
+watermark, last hit block dropped with MTP instead of lookahead hashes). Departures from vLLM are
+listed in docs/engine.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.kv_cache_manager import KVCacheManager
+from engine.request import Request, RequestStatus
+from engine.spec_decode import AcceptanceSampler
+from engine.waiting_queue import FCFSQueue, PriorityQueue
+
+
+@dataclass(slots=True)
+class SchedulerLimits:
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    long_prefill_token_threshold: int = 0
+    reserve_full_isl: bool = True
+    watermark_blocks: int = 0
+    policy: str = "fcfs"
+    num_spec_tokens: int = 0
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step: which requests run how many tokens, and the step's shape for the timer."""
+
+    reqs: list[Request] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    num_drafts: list[int] = field(default_factory=list)
+    num_prefill_reqs: int = 0
+    prefill_tokens: int = 0
+    prefill_ctx_tokens: int = 0
+    prefill_attn_work: int = 0
+    num_decode_reqs: int = 0
+    decode_query_tokens: int = 0
+    decode_ctx_tokens: int = 0
+    num_preempted: int = 0
+    total_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(self, limits: SchedulerLimits, kv: KVCacheManager,
+                 sampler: AcceptanceSampler | None = None, offload=None) -> None:
+        self.limits = limits
+        self.kv = kv
+        self.sampler = sampler
+        self.offload = offload  # engine.offload.OffloadManager or None
+        self.waiting = PriorityQueue() if limits.policy == "priority" else FCFSQueue()
+        self.running: list[Request] = []
+        self.num_waiting_for_load = 0
+        self._admit_counter = 0
+        self.total_preemptions = 0
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+        self.cpu_hit_tokens = 0
+
+    # ------------------------------------------------------------------ queues
+    def add_request(self, req: Request) -> None:
+        req.status = RequestStatus.WAITING
+        self.waiting.add(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    # ------------------------------------------------------------------ schedule
+    def _preempt(self, victim: Request) -> None:
+        """Preemption by recompute: free everything; the blocks stay cached until evicted."""
+        self.kv.free(victim)
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0
+        victim.num_draft_tokens = 0
+        victim.num_preemptions += 1
+        self.total_preemptions += 1
+        self.waiting.prepend(victim)
+
+    def _pick_victim(self) -> Request:
+        if self.limits.policy == "priority":
+            victim = max(self.running, key=lambda r: (r.priority, r.arrival_ms, r.idx))
+            self.running.remove(victim)
+            return victim
+        return self.running.pop()
+
+    def schedule(self, now_ms: float) -> SchedulerOutput:
+        lim = self.limits
+        kv = self.kv
+        out = SchedulerOutput()
+        budget = lim.max_num_batched_tokens
+        lpt = lim.long_prefill_token_threshold
+        k = lim.num_spec_tokens
+        max_model_len = lim.max_model_len
+        scheduled_tokens: dict[int, int] = {}  # request idx -> tokens (to undo a preempted victim)
+        sched_reqs: list[Request] = []
+
+        # Phase 1: RUNNING, in admission order.
+        running = self.running
+        i = 0
+        preempted_any = False
+        while i < len(running) and budget > 0:
+            r = running[i]
+            n = r.num_prompt_tokens + r.num_output_tokens + r.num_draft_tokens - r.num_computed_tokens
+            if 0 < lpt < n:
+                n = lpt
+            if n > budget:
+                n = budget
+            cap = max_model_len - 1 - r.num_computed_tokens
+            if n > cap:
+                n = cap
+            if n <= 0:
+                i += 1
+                continue
+            scheduled = True
+            while not kv.allocate_slots(r, n, None, k):
+                victim = self._pick_victim()
+                if victim.idx in scheduled_tokens:
+                    budget += scheduled_tokens.pop(victim.idx)
+                    sched_reqs.remove(victim)
+                self._preempt(victim)
+                preempted_any = True
+                out.num_preempted += 1
+                if victim is r:
+                    scheduled = False
+                    break
+            if not scheduled:
+                break
+            scheduled_tokens[r.idx] = n
+            sched_reqs.append(r)
+            budget -= n
+            i += 1
+
+        # Phase 2: WAITING, only when nothing was preempted this step.
+        if not preempted_any:
+            budget = self._schedule_waiting(now_ms, budget, scheduled_tokens, sched_reqs)
+
+        # Build the step's shape (one pass over what was scheduled).
+        for r in sched_reqs:
+            n = scheduled_tokens[r.idx]
+            before = r.num_computed_tokens
+            known = r.num_prompt_tokens + r.num_output_tokens
+            drafts = 0
+            if known - before == 1 and n > 1:
+                drafts = n - 1  # drafts trimmed to what the budget allowed
+            r.num_draft_tokens = drafts
+            if known - before <= 1:
+                out.num_decode_reqs += 1
+                out.decode_query_tokens += n
+                out.decode_ctx_tokens += before + n
+            else:
+                out.num_prefill_reqs += 1
+                out.prefill_tokens += n
+                out.prefill_ctx_tokens += before
+                out.prefill_attn_work += n * before + n * (n + 1) // 2
+            if r.first_scheduled_ms < 0:
+                r.first_scheduled_ms = now_ms
+            r.num_computed_tokens = before + n  # optimistic, as vLLM does
+            out.reqs.append(r)
+            out.num_new_tokens.append(n)
+            out.num_drafts.append(drafts)
+            out.total_tokens += n
+        if self.offload is not None and sched_reqs:
+            self.offload.prepare_stores(sched_reqs)
+        return out
+
+    def _schedule_waiting(self, now_ms: float, budget: int, scheduled_tokens: dict[int, int],
+                          sched_reqs: list[Request]) -> int:
+        lim = self.limits
+        kv = self.kv
+        waiting = self.waiting
+        running = self.running
+        offload = self.offload
+        lpt = lim.long_prefill_token_threshold
+        k = lim.num_spec_tokens
+        skipped: list[Request] = []
+        while waiting and budget > 0 and len(running) < lim.max_num_seqs:
+            r = waiting.peek()
+            if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                if r.load_ready_ms > now_ms:
+                    skipped.append(waiting.pop())  # not head-of-line: vLLM skips it this step
+                    continue
+                offload.finish_load(r)
+                r.status = RequestStatus.WAITING
+                r.load_wait_ms += now_ms - r.load_start_ms
+                self.num_waiting_for_load -= 1
+
+            new_computed: list[int] = []
+            num_local = 0
+            num_external = 0
+            if r.num_computed_tokens == 0:
+                new_computed, num_local = kv.get_computed_blocks(r)
+                if offload is not None:
+                    num_external = offload.get_num_new_matched_tokens(r, num_local, now_ms)
+            num_computed = r.num_computed_tokens + num_local + num_external
+            known = r.num_prompt_tokens + r.num_output_tokens
+
+            if num_external:
+                # Asynchronous H2D load: hold GPU blocks for local + external tokens, wait for the copy.
+                if not self._admission_fits(r, new_computed, known, running):
+                    break
+                if not kv.allocate_slots(r, num_external, new_computed, 0):
+                    break
+                waiting.pop()
+                self._record_first_admission(r, num_local, num_external)
+                r.num_computed_tokens = num_computed
+                offload.start_load(r, num_local, num_external, now_ms)
+                r.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                r.load_start_ms = now_ms
+                self.num_waiting_for_load += 1
+                skipped.append(r)
+                continue
+
+            n = known - num_computed
+            if 0 < lpt < n:
+                n = lpt
+            if n > budget:
+                n = budget  # chunked prefill is always on in V1
+            lookahead = k if r.num_computed_tokens > 0 else 0
+            if not self._admission_fits(r, new_computed, known, running, lookahead):
+                break  # head-of-line blocking
+            if not kv.allocate_slots(r, n, new_computed, lookahead):
+                break
+            waiting.pop()
+            self._record_first_admission(r, num_local, 0)
+            r.num_computed_tokens = num_computed
+            r.status = RequestStatus.RUNNING
+            self._admit_counter += 1
+            r.admit_seq = self._admit_counter
+            running.append(r)
+            scheduled_tokens[r.idx] = n
+            sched_reqs.append(r)
+            budget -= n
+        for r in reversed(skipped):
+            waiting.prepend(r)
+        return budget
+
+    def _admission_fits(self, r: Request, new_computed: list[int], known: int,
+                        running: list[Request], lookahead: int = 0) -> bool:
+        """vLLM >= 0.19 full-prompt gate (+ watermark when others run); [0.11] no gate."""
+        lim = self.limits
+        if not lim.reserve_full_isl:
+            return True
+        need = self.kv.num_blocks_to_admit(r, new_computed, known, lookahead)
+        if running:
+            need += lim.watermark_blocks
+        return need <= self.kv.pool.get_num_free_blocks()
+
+    def _record_first_admission(self, r: Request, num_local: int, num_external: int) -> None:
+        if r.num_cached_tokens < 0:
+            r.num_cached_tokens = num_local
+            r.num_cpu_hit_tokens = num_external
+            self.prefix_query_tokens += r.num_prompt_tokens
+            self.prefix_hit_tokens += num_local
+            self.cpu_hit_tokens += num_external
+
+    # ------------------------------------------------------------------ update
+    def update_from_output(self, out: SchedulerOutput, end_ms: float,
+                           emit_chunk, finished: list[Request]) -> tuple[int, int]:
+        """Apply a finished step: emit tokens, roll back rejected drafts, finish requests.
+
+        Returns (draft tokens verified, drafts accepted) for the step.
+        """
+        k = self.limits.num_spec_tokens
+        max_model_len = self.limits.max_model_len
+        sampler = self.sampler
+        step_drafts = 0
+        step_accepted = 0
+        any_finished = False
+        for r, drafts in zip(out.reqs, out.num_drafts):
+            if r.status != RequestStatus.RUNNING:
+                continue
+            known = r.num_prompt_tokens + r.num_output_tokens
+            if r.num_computed_tokens < known:
+                continue  # a non-final prefill chunk emits nothing
+            accepted = 0
+            if drafts:
+                accepted = sampler.num_accepted(r.idx, r.spec_step, drafts)
+                r.spec_step += 1
+                r.num_computed_tokens -= drafts - accepted  # blocks are kept
+                r.num_drafts += 1
+                r.num_draft_tokens_total += drafts
+                r.num_accepted_tokens += accepted
+                step_drafts += drafts
+                step_accepted += accepted
+            emitted = 1 + accepted
+            remaining = r.max_tokens - r.num_output_tokens
+            if emitted > remaining:
+                emitted = remaining
+            r.num_output_tokens += emitted
+            if r.first_token_ms < 0:
+                r.first_token_ms = end_ms
+            emit_chunk(r.idx, end_ms, emitted)
+            if r.num_output_tokens >= r.max_tokens or known + emitted >= max_model_len:
+                r.status = RequestStatus.FINISHED
+                r.finish_ms = end_ms
+                r.num_draft_tokens = 0
+                finished.append(r)
+                any_finished = True
+            else:
+                r.num_draft_tokens = k  # the drafter proposes k tokens after sampling
+        if any_finished:
+            self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+            for r in finished:
+                if self.offload is not None:
+                    self.offload.request_finished(r, end_ms)
+                else:
+                    self.kv.free(r)
+        return step_drafts, step_accepted

@@ -1,0 +1,77 @@
+"""The Python API, for notebooks and scripts: the same runs as the CLI, results as DataFrames.
+
+    from replay.api import run
+    result = run("sample_traces/mooncake_sessions.jsonl", "config.yaml", overrides=["load.speedup=2"])
+    result.requests.ttft_ms.describe()
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from engine.config import EngineConfig, load_config, validate_config
+from engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, STEPS_FILE
+from engine.run import replay_trace
+from engine.simulator import ProgressFn
+from ingest.schema import TraceMetadata, is_canonical_trace, read_trace
+
+
+def load_any_trace(path: str | Path, **ingest_options: Any) -> tuple[pa.Table, TraceMetadata]:
+    """A canonical Parquet trace as is, or any file `replay ingest` reads, converted in memory."""
+    if is_canonical_trace(path):
+        return read_trace(path)
+    from ingest import load_trace
+
+    return load_trace(path, **ingest_options)
+
+
+def resolve_config(config: EngineConfig | str | Path | dict | None,
+                   overrides: list[str] | None = None) -> tuple[EngineConfig, str]:
+    if isinstance(config, EngineConfig):
+        return validate_config(config.model_dump(), "EngineConfig", overrides), "EngineConfig"
+    if isinstance(config, dict):
+        return validate_config(copy.deepcopy(config), "config dict", overrides), "config dict"
+    cfg = load_config(config, overrides)
+    return cfg, str(config) if config is not None else "defaults"
+
+
+@dataclass
+class RunResult:
+    outdir: Path
+    info: dict = field(repr=False)
+
+    @cached_property
+    def requests(self) -> pd.DataFrame:
+        return pd.read_parquet(self.outdir / REQUESTS_FILE)
+
+    @cached_property
+    def chunks(self) -> pd.DataFrame:
+        return pd.read_parquet(self.outdir / CHUNKS_FILE)
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        return pd.read_parquet(self.outdir / STEPS_FILE)
+
+
+def run(trace: str | Path, config: EngineConfig | str | Path | dict | None = None, *,
+        overrides: list[str] | None = None, outdir: str | Path | None = None, progress: bool | ProgressFn = False,
+        overwrite: bool = True, on_error: str = "fail", check_invariants: bool = False,
+        ingest_options: dict[str, Any] | None = None) -> RunResult:
+    """Replay ``trace`` with ``config`` (YAML path, dict, EngineConfig or None for vLLM defaults)."""
+    cfg, source = resolve_config(config, overrides)
+    table, meta = load_any_trace(trace, **(ingest_options or {}))
+    if outdir is None:
+        outdir = Path(tempfile.mkdtemp(prefix="replay-")) / "out"
+    progress_fn = progress if callable(progress) else None
+    summary = replay_trace(table, meta, cfg, outdir, trace_path=trace, config_source=source,
+                           on_error=on_error, overwrite=overwrite, progress=progress_fn,
+                           check_invariants=check_invariants)
+    return RunResult(outdir=Path(summary.outdir), info=summary.run_info)

@@ -1,0 +1,69 @@
+"""Tiny traces and a fixed step timer, so scheduler scenarios can be checked by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+from engine.config import EngineConfig
+from engine.run import EngineSetup, replay_trace
+from engine.timing.base import StepBreakdown, StepShape
+from ingest.schema import TRACE_SCHEMA, TraceMetadata
+
+
+class FixedTimer:
+    """Every step takes ``ms`` (plus ``per_token_ms`` per scheduled token): easy to check by hand."""
+
+    host_overhead_ms = 0.0
+    uncalibrated: list[str] = []
+
+    def __init__(self, ms: float = 10.0, per_token_ms: float = 0.0) -> None:
+        self.ms = ms
+        self.per_token_ms = per_token_ms
+        self.calls: list[tuple] = []
+
+    def step_ms(self, *args) -> float:
+        self.calls.append(args)
+        tokens = args[1] + args[5]
+        return self.ms + self.per_token_ms * tokens
+
+    def breakdown(self, shape: StepShape) -> StepBreakdown:
+        return StepBreakdown(step_ms=self.ms, host_overhead_ms=0.0)
+
+
+def make_trace(rows: list[dict], hash_block_size: int | None = 16) -> tuple[pa.Table, TraceMetadata]:
+    full = []
+    for i, r in enumerate(rows):
+        row = {"request_id": f"r{i}", "arrival_ms": 0, "hash_ids": None, "session_id": None,
+               "parent_id": None, "turn": None, "delay_ms": None, "priority": None}
+        row.update(r)
+        full.append(row)
+    table = pa.Table.from_pylist(full, schema=TRACE_SCHEMA)
+    meta = TraceMetadata(source_format="test", source_file="test", time_unit="ms",
+                         hash_block_size=hash_block_size,
+                         prefix_identity="real" if hash_block_size else "absent")
+    return table, meta
+
+
+def setup_for(num_gpu_blocks: int, timer=None, max_model_len: int = 1 << 20,
+              kv_bytes_per_token: int = 131072) -> EngineSetup:
+    return EngineSetup(num_gpu_blocks=num_gpu_blocks, capacity_source="num_gpu_blocks",
+                       max_model_len=max_model_len, timer=timer or FixedTimer(),
+                       kv_bytes_per_token=kv_bytes_per_token)
+
+
+def run_small(rows: list[dict], tmp_path: Path, *, num_gpu_blocks: int, config: dict | None = None,
+              timer=None, hash_block_size: int | None = 16, check_invariants: bool = True, **kw):
+    """Replay ``rows`` and return (requests, chunks, steps) DataFrames plus run info."""
+    import pandas as pd
+
+    table, meta = make_trace(rows, hash_block_size)
+    cfg = EngineConfig.model_validate(config or {})
+    out = tmp_path / "out"
+    summary = replay_trace(table, meta, cfg, out, setup=setup_for(num_gpu_blocks, timer),
+                           check_invariants=check_invariants, **kw)
+    reqs = pd.read_parquet(out / "requests.parquet")
+    chunks = pd.read_parquet(out / "chunks.parquet")
+    steps = pd.read_parquet(out / "steps.parquet")
+    return reqs, chunks, steps, summary.run_info
