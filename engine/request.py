@@ -30,8 +30,8 @@ class Request:
         "num_cached_tokens", "num_cpu_hit_tokens", "num_preemptions",
         "first_scheduled_ms", "first_token_ms", "finish_ms", "load_wait_ms", "load_ready_ms",
         "load_start_ms", "num_drafts", "num_draft_tokens_total", "num_accepted_tokens",
-        "spec_step", "admit_seq", "pending_stores", "num_stored_offload_blocks",
-        "loaded_tokens",
+        "spec_step", "admit_seq", "stores_done_ms", "num_stored_offload_blocks",
+        "load_keys",
     )
 
     def __init__(self, idx: int, request_id: str, arrival_ms: float, num_prompt_tokens: int,
@@ -66,9 +66,9 @@ class Request:
         self.num_accepted_tokens = 0
         self.spec_step = 0  # how many verification steps this request has had (seeds acceptance draws)
         self.admit_seq = 0  # order of the latest admission to running (FCFS preemption victim)
-        self.pending_stores = 0  # G2 stores in flight that still read this request's GPU blocks
+        self.stores_done_ms = 0.0  # G2: when the last D2H store reading this request's blocks completes
         self.num_stored_offload_blocks = 0  # leading offload blocks already prepared for storing
-        self.loaded_tokens = 0  # tokens an H2D load brings in (applied when the load finishes)
+        self.load_keys: list[int] = []  # G2: CPU keys pinned by this request's H2D load
 
     @property
     def num_tokens(self) -> int:

@@ -1,7 +1,63 @@
-"""Not yet implemented: registers nothing until its issue lands."""
+"""`replay run TRACE -c config.yaml -o OUTDIR`: replay a trace through the modeled vLLM engine."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from replay.commands._common import console, user_errors
+
+
+def run(
+    trace: Path = typer.Argument(..., help="Canonical Parquet trace, or any file `replay ingest` reads."),
+    config: Path | None = typer.Option(None, "--config", "-c", help="Engine config YAML (default: vLLM defaults, Llama-3.1-8B on H200)."),
+    outdir: Path = typer.Option(..., "--output", "-o", help="Output directory (written atomically)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key, e.g. --set scheduler.max_num_seqs=256."),
+    on_error: str = typer.Option("fail", "--on-error", help="fail: refuse unreplayable requests; skip: mark them rejected."),
+    overwrite: bool = typer.Option(True, "--overwrite/--no-overwrite", help="Replace an existing OUTDIR."),
+    check: bool = typer.Option(False, "--check", help="Debug mode: verify block and budget invariants every step (slow)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or summary."),
+    trace_format: str | None = typer.Option(None, "--format", help="Input format when TRACE is not canonical (default: auto-detect)."),
+    block_size: int | None = typer.Option(None, "--trace-block-size", help="Tokens per hash id of a non-canonical TRACE."),
+) -> None:
+    """Replay every request of TRACE through the modeled vLLM V1 engine and write what each experienced."""
+    from replay.api import load_any_trace, resolve_config
+
+    with user_errors():
+        if on_error not in ("fail", "skip"):
+            raise typer.BadParameter("--on-error takes fail or skip")
+        cfg, source = resolve_config(config, set_)
+        options = {k: v for k, v in (("format", trace_format), ("block_size", block_size)) if v is not None}
+        table, meta = load_any_trace(trace, **options)
+        from engine.run import replay_trace, resolve_setup
+
+        setup = resolve_setup(cfg)
+        total = cfg.load.max_requests and min(cfg.load.max_requests, table.num_rows) or table.num_rows
+        started = time.perf_counter()
+        if quiet:
+            summary = replay_trace(table, meta, cfg, outdir, trace_path=trace, config_source=source,
+                                   on_error=on_error, overwrite=overwrite, check_invariants=check, setup=setup)
+        else:
+            columns = (TextColumn("[bold]replay[/]"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("requests · sim {task.fields[sim]}"), TimeElapsedColumn())
+            with Progress(*columns, console=console, transient=True) as bar:
+                task = bar.add_task("replay", total=total, sim="0 s")
+
+                def progress(sim_ms: float, done: int) -> None:
+                    bar.update(task, completed=done, sim=f"{sim_ms / 1000:,.1f} s")
+
+                summary = replay_trace(table, meta, cfg, outdir, trace_path=trace, config_source=source,
+                                       on_error=on_error, overwrite=overwrite, progress=progress,
+                                       check_invariants=check, setup=setup)
+        wall = time.perf_counter() - started
+        if not quiet:
+            from replay.run_summary import print_run_summary
+
+            print_run_summary(summary.outdir, summary.run_info, wall, console)
 
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.command("run")(run)

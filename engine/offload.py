@@ -1,0 +1,235 @@
+"""The G2 tier: vLLM's OffloadingConnector with a CPU LRU store (v1/kv_offload/, spec section 5).
+
+- Stores (D2H): at the end of each schedule(), every offload block of a scheduled request that is
+  full after the step and not yet prepared is prepared (keys already on the CPU are skipped; the
+  CPU LRU evicts from its front, never a block pinned by a load or still being written). The step's
+  stores are one copy on the D2H lane, starting when the forward pass ends; a block is loadable only
+  once its copy completes. A finished request's GPU blocks are freed when its stores complete.
+- Loads (H2D): after the GPU prefix lookup, consecutive ready CPU blocks from the first GPU miss.
+  A hit allocates GPU blocks and parks the request in WAITING_FOR_REMOTE_KVS (not counted in
+  max_num_seqs) until the copy on the H2D lane completes; it is then scheduled as a prefill of the
+  rest. A full hit still recomputes the last token.
+- CPU key of an offload block = the key of its last GPU block (chained: it names the prefix).
+- The CPU store holds only what it stores: millions of configured blocks cost nothing up front.
+
+Work per step is proportional to the blocks that became full in that step.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict
+
+from engine.config import HostOffloadConfig
+from engine.kv_cache_manager import KVCacheManager
+from engine.request import Request
+from replay.errors import ConfigError
+
+_KEY_BATCH = 64
+_PENDING = math.inf  # ready time of a block whose D2H copy has not completed
+
+
+class OffloadManager:
+    def __init__(self, cfg: HostOffloadConfig, kv: KVCacheManager, kv_bytes_per_token: int) -> None:
+        gpu_bs = kv.block_size
+        off_bs = cfg.block_size or gpu_bs
+        if off_bs % gpu_bs:
+            raise ConfigError(f"host_offload.block_size {off_bs} must be a multiple of kv_cache.block_size {gpu_bs}")
+        self.kv = kv
+        self.block_size = off_bs
+        self.lookahead = kv.hash_lookahead
+        self.block_bytes = off_bs * kv_bytes_per_token
+        if cfg.num_cpu_blocks is not None:
+            self.num_cpu_blocks = int(cfg.num_cpu_blocks)
+        else:
+            self.num_cpu_blocks = int(cfg.size_gib * (1 << 30) // self.block_bytes)
+        if self.num_cpu_blocks < 1:
+            raise ConfigError(f"host_offload holds no block: size_gib {cfg.size_gib} < one block of "
+                              f"{self.block_bytes} bytes")
+        # Transfer time = latency + bytes / bandwidth (GB/s = 1e9 bytes/s), per direction, FIFO lanes.
+        self.d2h_ms_per_byte = 1e3 / (cfg.d2h_gbps * 1e9)
+        self.h2d_ms_per_byte = 1e3 / (cfg.h2d_gbps * 1e9)
+        self.latency_ms = cfg.latency_us / 1e3
+        self.store: OrderedDict[int, float] = OrderedDict()  # key -> ready time (inf while copying)
+        self.pins: dict[int, int] = {}  # key -> loads in flight reading it
+        self.d2h_free_ms = 0.0
+        self.h2d_free_ms = 0.0
+        self._batch_keys: list[int] = []
+        self._batch_reqs: list[Request] = []
+        self._deferred_free: list[tuple[float, int, Request]] = []
+        self._loads: list[tuple[float, int]] = []  # (ready time, request idx) of loads in flight
+        self._step_stored = 0
+        self._step_loaded = 0
+        self.total_stored_blocks = 0
+        self.total_loaded_blocks = 0
+        self.total_cpu_evictions = 0
+        self.store_skipped_full = 0
+
+    # -- stores --------------------------------------------------------------------------------
+    def _keys(self, r: Request, m0: int, m1: int) -> list[int]:
+        """CPU keys of offload blocks m0..m1-1 of ``r``."""
+        f = self.block_size // self.kv.block_size
+        if f == 1:
+            return r.keys.block_keys(m0, m1)
+        pk = r.keys.prefix_key
+        bs, la = self.block_size, self.lookahead
+        return [pk((m + 1) * bs + la) for m in range(m0, m1)]
+
+    def _make_room(self) -> bool:
+        store = self.store
+        if len(store) < self.num_cpu_blocks:
+            return True
+        pins = self.pins
+        for key, ready in store.items():  # front = least recently used
+            if ready != _PENDING and key not in pins:
+                del store[key]
+                self.total_cpu_evictions += 1
+                return True
+        return False
+
+    def prepare_stores(self, scheduled: list[Request]) -> None:
+        store = self.store
+        bs, la = self.block_size, self.lookahead
+        for r in scheduled:
+            known = r.num_prompt_tokens + r.num_output_tokens
+            tokens = r.num_computed_tokens if r.num_computed_tokens < known else known
+            full = (tokens - la) // bs
+            m = r.num_stored_offload_blocks
+            if full <= m:
+                continue
+            added = False
+            for key in self._keys(r, m, full):
+                if key not in store:
+                    if not self._make_room():
+                        self.store_skipped_full += full - m
+                        break
+                    store[key] = _PENDING
+                    self._batch_keys.append(key)
+                    added = True
+                m += 1
+            r.num_stored_offload_blocks = m
+            if added:
+                self._batch_reqs.append(r)
+
+    def step_executed(self, start_ms: float, end_ms: float) -> None:
+        """The forward pass ran from start to end: this step's stores start on the D2H lane."""
+        keys = self._batch_keys
+        if not keys:
+            return
+        nbytes = len(keys) * self.block_bytes
+        begin = end_ms if end_ms > self.d2h_free_ms else self.d2h_free_ms
+        done = begin + self.latency_ms + nbytes * self.d2h_ms_per_byte
+        self.d2h_free_ms = done
+        store = self.store
+        for key in keys:
+            if key in store:
+                store[key] = done
+        for r in self._batch_reqs:
+            if done > r.stores_done_ms:
+                r.stores_done_ms = done
+        self._step_stored += nbytes
+        self.total_stored_blocks += len(keys)
+        self._batch_keys = []
+        self._batch_reqs = []
+
+    def request_finished(self, r: Request, end_ms: float) -> None:
+        if r.stores_done_ms > end_ms:
+            heapq.heappush(self._deferred_free, (r.stores_done_ms, r.idx, r))
+        else:
+            self.kv.free(r)
+
+    # -- loads ---------------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, r: Request, num_local: int, now_ms: float) -> int:
+        bs = self.block_size
+        known = r.num_tokens
+        m0 = num_local // bs
+        limit = (known - self.lookahead) // bs
+        store = self.store
+        hit_keys: list[int] = []
+        m = m0
+        while m < limit:
+            batch = self._keys(r, m, min(limit, m + _KEY_BATCH))
+            for key in batch:
+                ready = store.get(key)
+                if ready is None or ready > now_ms:
+                    limit = -1
+                    break
+                hit_keys.append(key)
+            m += len(batch)
+        if not hit_keys:
+            return 0
+        ext = (m0 + len(hit_keys)) * bs - num_local
+        if num_local + ext >= known:
+            ext = known - 1 - num_local  # a full hit recomputes the last token
+        if ext <= 0:
+            return 0
+        for key in reversed(hit_keys):  # prefix heads end most recent
+            store.move_to_end(key)
+        r.load_keys = hit_keys
+        return ext
+
+    def start_load(self, r: Request, num_local: int, num_external: int, now_ms: float) -> None:
+        pins = self.pins
+        for key in r.load_keys:
+            pins[key] = pins.get(key, 0) + 1
+        nbytes = len(r.load_keys) * self.block_bytes
+        begin = now_ms if now_ms > self.h2d_free_ms else self.h2d_free_ms
+        done = begin + self.latency_ms + nbytes * self.h2d_ms_per_byte
+        self.h2d_free_ms = done
+        r.load_ready_ms = done
+        heapq.heappush(self._loads, (done, r.idx))
+        self._step_loaded += nbytes
+        self.total_loaded_blocks += len(r.load_keys)
+
+    def finish_load(self, r: Request) -> None:
+        pins = self.pins
+        for key in r.load_keys:
+            c = pins[key] - 1
+            if c:
+                pins[key] = c
+            else:
+                del pins[key]
+        r.load_keys = []
+
+    # -- clock ---------------------------------------------------------------------------------
+    def advance(self, now_ms: float) -> None:
+        """Free finished requests' GPU blocks whose stores have completed by ``now_ms``."""
+        deferred = self._deferred_free
+        while deferred and deferred[0][0] <= now_ms:
+            _, _, r = heapq.heappop(deferred)
+            self.kv.free(r)
+        loads = self._loads
+        while loads and loads[0][0] <= now_ms:
+            heapq.heappop(loads)
+
+    def next_event_ms(self) -> float:
+        t = self._deferred_free[0][0] if self._deferred_free else math.inf
+        if self._loads and self._loads[0][0] < t:
+            t = self._loads[0][0]
+        return t
+
+    def step_stats(self) -> tuple[int, int, int, float]:
+        stored, loaded = self._step_stored, self._step_loaded
+        self._step_stored = self._step_loaded = 0
+        used = len(self.store)
+        return stored, loaded, used, used / self.num_cpu_blocks
+
+    def gpu_refs_held(self) -> dict[int, int]:
+        """Blocks still referenced by finished requests waiting for their stores (debug checks)."""
+        held: dict[int, int] = {}
+        for _, _, r in self._deferred_free:
+            for b in r.block_ids:
+                held[b] = held.get(b, 0) + 1
+        return held
+
+    def totals(self) -> dict[str, int]:
+        return {
+            "num_cpu_blocks": self.num_cpu_blocks,
+            "cpu_blocks_stored": self.total_stored_blocks,
+            "cpu_blocks_loaded": self.total_loaded_blocks,
+            "cpu_evictions": self.total_cpu_evictions,
+            "bytes_stored": self.total_stored_blocks * self.block_bytes,
+            "bytes_loaded": self.total_loaded_blocks * self.block_bytes,
+            "cpu_store_skipped_full": self.store_skipped_full,
+        }

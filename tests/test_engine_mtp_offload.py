@@ -1,0 +1,189 @@
+"""Hand-checked MTP and G2-offload scenarios (block size 16, fixed 10 ms steps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import SpeculativeConfig
+from engine.spec_decode import AcceptanceSampler, expected_accepted, rates_from_expected, resolve_rates
+from tests.engine_helpers import run_small
+
+BIG = {"max_num_batched_tokens": 1000}
+
+
+def mtp(rates, **sched):
+    return {"scheduler": {**BIG, **sched}, "speculative": {"num_speculative_tokens": len(rates),
+                                                           "acceptance_rates": rates}}
+
+
+def test_mtp_one_accepted_draft_per_step(tmp_path):
+    # k = 2, a = [1, 0]: every verification accepts exactly one draft, so each decode step emits 2
+    # tokens as one chunk. 9 tokens: 1 (prefill) + 2 + 2 + 2 + 2, last at 50 ms.
+    reqs, chunks, steps, _ = run_small([dict(input_tokens=16, output_tokens=9)], tmp_path,
+                                       num_gpu_blocks=64, config=mtp([1.0, 0.0]))
+    assert list(chunks.tokens) == [1, 2, 2, 2, 2]
+    assert list(chunks.time_ms) == [10.0, 20.0, 30.0, 40.0, 50.0]
+    r = reqs.iloc[0]
+    assert (r.num_drafts, r.num_draft_tokens, r.num_accepted_tokens) == (4, 8, 4)
+    assert r.mean_acceptance_length == 2.0
+    assert list(steps.draft_tokens) == [0, 2, 2, 2, 2] and list(steps.accepted_tokens) == [0, 1, 1, 1, 1]
+    # Each verify step schedules 1 + k tokens.
+    assert list(steps.scheduled_tokens[1:]) == [3, 3, 3, 3]
+
+
+def test_mtp_output_capped_at_max_tokens(tmp_path):
+    _, chunks, _, _ = run_small([dict(input_tokens=16, output_tokens=5)], tmp_path,
+                                num_gpu_blocks=64, config=mtp([1.0, 1.0]))
+    assert list(chunks.tokens) == [1, 3, 1]
+
+
+def test_mtp_lookahead_slots_are_reserved(tmp_path):
+    # 13 prompt tokens fit one block. The first verify step computes 13 + 3 tokens and reserves
+    # k = 2 lookahead slots: cdiv(13 + 3 + 2, 16) = 2 blocks although only 14 tokens are known.
+    _, _, steps, _ = run_small([dict(input_tokens=13, output_tokens=4)], tmp_path,
+                               num_gpu_blocks=64, config=mtp([0.0, 0.0]))
+    assert steps.kv_blocks_used[0] == 1
+    assert steps.kv_blocks_used[1] == 2
+
+
+def test_mtp_drafts_trimmed_by_budget(tmp_path):
+    # Budget 4 with two decoding requests and k = 2: the first takes 1 + 2 tokens, the second only 1,
+    # so its drafts are trimmed to 0 and it emits a single token.
+    rows = [dict(input_tokens=2, output_tokens=3), dict(input_tokens=2, output_tokens=3)]
+    _, chunks, steps, _ = run_small(rows, tmp_path, num_gpu_blocks=64,
+                                    config=mtp([1.0, 1.0], max_num_batched_tokens=4))
+    step1 = chunks[chunks.time_ms == 20.0].set_index("request_id").tokens
+    assert step1["r0"] == 2 and step1["r1"] == 1  # r0: 1 + 2 accepted, capped at output 3 -> 2 more
+    assert steps.scheduled_tokens[1] == 4
+
+
+def test_acceptance_draws_do_not_depend_on_the_batch(tmp_path):
+    rates = [0.7, 0.4]
+    alone, _, _, _ = run_small([dict(input_tokens=16, output_tokens=40)], tmp_path / "a",
+                               num_gpu_blocks=256, config=mtp(rates))
+    rows = [dict(input_tokens=16, output_tokens=40)] + [dict(arrival_ms=3 * i, input_tokens=40, output_tokens=30)
+                                                        for i in range(1, 6)]
+    busy, _, _, _ = run_small(rows, tmp_path / "b", num_gpu_blocks=256, config=mtp(rates))
+    a, b = alone.iloc[0], busy.set_index("request_id").loc["r0"]
+    assert (a.num_drafts, a.num_accepted_tokens) == (b.num_drafts, b.num_accepted_tokens)
+
+
+def test_acceptance_sampler_matches_its_rates():
+    s = AcceptanceSampler([0.8, 0.5], seed=7)
+    draws = [s.num_accepted(i, step, 2) for i in range(200) for step in range(50)]
+    mean = sum(draws) / len(draws)
+    assert abs(mean - expected_accepted([0.8, 0.5])) < 0.02  # 0.8 + 0.4 = 1.2
+
+
+def test_expected_accepted_tokens_conversion():
+    rates = rates_from_expected(1.5, 2)
+    assert rates[0] == rates[1] and abs(rates[0] + rates[0] ** 2 - 1.5) < 1e-9
+    cfg = SpeculativeConfig(num_speculative_tokens=2, expected_accepted_tokens=1.5)
+    assert resolve_rates(cfg) == rates
+    with pytest.raises(Exception, match="lie in"):
+        rates_from_expected(2.5, 2)
+
+
+def test_mtp_prefix_rules_033_lookahead_and_011_drop(tmp_path):
+    # Identical 50-token prompts. Without MTP: (50 - 1) // 16 = 3 blocks hit. 0.33 lookahead hashes
+    # (k = 2) also need the next 2 tokens: (50 - 1 - 2) // 16 = 2 blocks. 0.11 drops the last hit: 2.
+    rows = [dict(input_tokens=50, output_tokens=1, hash_ids=[1, 2, 3, 4]),
+            dict(arrival_ms=100, input_tokens=50, output_tokens=1, hash_ids=[1, 2, 3, 4])]
+    plain, _, _, _ = run_small(rows, tmp_path / "a", num_gpu_blocks=64, config={"scheduler": BIG})
+    v033, _, _, _ = run_small(rows, tmp_path / "b", num_gpu_blocks=64, config=mtp([0.5, 0.5]))
+    v011, _, _, _ = run_small(rows, tmp_path / "c", num_gpu_blocks=64,
+                              config={**mtp([0.5, 0.5]), "semantics": "0.11"})
+    assert plain.cached_tokens[1] == 48
+    assert v033.cached_tokens[1] == 32
+    assert v011.cached_tokens[1] == 32
+
+
+# --------------------------------------------------------------------------- G2 host offload
+def offload(**kw):
+    base = {"num_cpu_blocks": 64, "d2h_gbps": 0.0016, "h2d_gbps": 0.0016, "latency_us": 0.0}
+    base.update(kw)
+    return base
+
+
+def run_offload(rows, tmp_path, *, num_gpu_blocks=64, caching=True, host=None, sched=None):
+    import pandas as pd
+
+    from engine.config import EngineConfig
+    from engine.run import replay_trace
+    from tests.engine_helpers import FixedTimer, make_trace, setup_for
+
+    table, meta = make_trace(rows)
+    cfg = EngineConfig.model_validate({
+        "scheduler": {**BIG, **(sched or {})},
+        "kv_cache": {"enable_prefix_caching": caching},
+        "host_offload": host or offload(),
+    })
+    out = tmp_path / "out"
+    # kv_bytes_per_token = 1000: an offload block of 16 tokens is 16,000 bytes, which takes
+    # exactly 10 ms at 0.0016 GB/s (1.6 MB/s) per direction.
+    info = replay_trace(table, meta, cfg, out, setup=setup_for(num_gpu_blocks, FixedTimer(),
+                                                               kv_bytes_per_token=1000),
+                        check_invariants=True).run_info
+    return (pd.read_parquet(out / "requests.parquet").set_index("request_id"),
+            pd.read_parquet(out / "steps.parquet"), info)
+
+
+def test_offload_store_then_load_full_hit_recomputes_one_token(tmp_path):
+    # GPU prefix caching off, so only the CPU tier can hit. A (48 tokens, 3 offload blocks) runs at
+    # 0-10 ms; its 3 stores start when the forward pass ends (10 ms) and take 3 x 10 ms: ready at 40.
+    # B (same prompt) arrives at 50: 3 CPU blocks hit = 48 tokens, a full hit, so 47 are loaded and
+    # 1 is recomputed. The load starts at 50 and takes 30 ms; B is scheduled at the first step
+    # boundary after 80 ms.
+    rows = [dict(input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3]),
+            dict(arrival_ms=50, input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3])]
+    reqs, steps, info = run_offload(rows, tmp_path, caching=False)
+    b = reqs.loc["r1"]
+    assert b.cpu_hit_tokens == 47 and b.cached_tokens == 0
+    assert b.first_scheduled_ms == 80.0 and b.load_wait_ms == 30.0
+    assert steps.scheduled_tokens.iloc[-1] == 1  # one token over 47 loaded: costed like a decode
+    assert info["totals"]["cpu_blocks_stored"] == 3 and info["totals"]["cpu_blocks_loaded"] == 3
+
+
+def test_offload_incomplete_store_is_not_loadable(tmp_path):
+    # Same A; B arrives at 20 ms, before A's stores complete (40 ms): no CPU hit, full recompute.
+    rows = [dict(input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3]),
+            dict(arrival_ms=20, input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3])]
+    reqs, _, _ = run_offload(rows, tmp_path, caching=False)
+    assert reqs.loc["r1", "cpu_hit_tokens"] == 0
+
+
+def test_finished_request_keeps_gpu_blocks_until_stores_complete(tmp_path):
+    # A finishes at 10 ms but its stores run until 40 ms: its 3 GPU blocks stay allocated, so B
+    # (arriving at 20 ms, 96 tokens = 6 blocks, on a pool of 8 usable blocks) must wait for 40 ms.
+    rows = [dict(input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3]),
+            dict(arrival_ms=20, input_tokens=96, output_tokens=1, hash_ids=[4, 5, 6, 7, 8, 9])]
+    reqs, steps, _ = run_offload(rows, tmp_path, num_gpu_blocks=9, caching=False)
+    assert reqs.loc["r1", "first_scheduled_ms"] == 40.0
+
+
+def test_load_delays_admission_by_at_least_one_step(tmp_path):
+    # A near-instant H2D copy still costs one step: B's load starts at the schedule of step s and B
+    # runs at step s + 1 at the earliest. C keeps the engine busy so steps continue.
+    rows = [dict(input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3]),
+            dict(arrival_ms=45, input_tokens=16, output_tokens=20, hash_ids=[7]),
+            dict(arrival_ms=50, input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3])]
+    host = offload(h2d_gbps=1000.0)
+    reqs, _, _ = run_offload(rows, tmp_path, caching=False, host=host)
+    c = reqs.loc["r2"]
+    assert c.cpu_hit_tokens == 47
+    # r1 runs steps from 45 ms (45-55, 55-65, ...); r2 arrives at 50, is seen at 55 where its load
+    # starts (done almost at once), and is admitted at the next step boundary, 65 ms.
+    assert c.first_scheduled_ms == 65.0
+
+
+def test_cpu_lru_evicts_least_recent_and_reports_usage(tmp_path):
+    # 4 CPU blocks. A stores keys [1,2,3]; B stores 4 (room), then 5 and 6 evicting the LRU front,
+    # 1 and 2: the CPU holds [3,4,5,6]. C needs key 1 first, so it hits nothing, recomputes and stores
+    # 1 (evicting 3), 2 (evicting 4) and 3 (evicting 5): 5 CPU evictions in all.
+    rows = [dict(input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3]),
+            dict(arrival_ms=100, input_tokens=48, output_tokens=1, hash_ids=[4, 5, 6]),
+            dict(arrival_ms=200, input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3])]
+    reqs, steps, info = run_offload(rows, tmp_path, caching=False, host=offload(num_cpu_blocks=4))
+    assert info["totals"]["cpu_evictions"] == 5
+    assert reqs.loc["r2", "cpu_hit_tokens"] == 0
+    assert steps.cpu_blocks_used.max() == 4 and steps.cpu_usage.max() == 1.0
