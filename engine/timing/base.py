@@ -57,3 +57,31 @@ class StepTimer(Protocol):
 
     def breakdown(self, shape: StepShape) -> StepBreakdown:
         ...
+
+
+def shape_from_requests(prefills: list[tuple[int, int]] | tuple[tuple[int, int], ...] = (),
+                        decodes: list[int] | tuple[int, ...] = (), *, drafts: int = 0,
+                        spec_passes: int | None = None) -> StepShape:
+    """Build a StepShape from per-request facts, the way the scheduler sums them.
+
+    ``prefills``: (n_i new tokens, p_i tokens already in KV) per prefilling request; ``decodes``: the
+    KV context c_j each decode attends to; ``drafts``: draft tokens per decode (k). Prefill attention
+    work is summed per request (causal pairs), never from averaged chunk lengths.
+    """
+    work = 0
+    for n, p in prefills:
+        if n <= 0 or p < 0:
+            raise ValueError(f"a prefill chunk needs n > 0 new tokens over p >= 0 cached, got {n}@{p}")
+        work += n * p + n * (n + 1) // 2
+    if any(c <= 0 for c in decodes):
+        raise ValueError("decode contexts must be > 0")
+    return StepShape(
+        num_prefill_reqs=len(prefills),
+        prefill_tokens=sum(n for n, _ in prefills),
+        prefill_ctx_tokens=sum(p for _, p in prefills),
+        prefill_attn_work=work,
+        num_decode_reqs=len(decodes),
+        decode_query_tokens=len(decodes) * (1 + drafts),
+        decode_ctx_tokens=sum(decodes),
+        num_spec_passes=drafts if spec_passes is None else spec_passes,
+    )

@@ -1,7 +1,108 @@
-"""Not yet implemented: registers nothing until its issue lands."""
+"""``replay steptime``: what does one forward step cost, without a trace?"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import typer
+from rich.table import Table
+
+from replay.commands._common import console, user_errors
+from replay.errors import ConfigError
+
+
+def parse_prefill(text: str) -> tuple[int, int]:
+    """'2048' -> (2048, 0); '2048@6144' -> 2,048 new tokens over 6,144 cached."""
+    new, _, cached = text.partition("@")
+    try:
+        n, p = int(new), int(cached or 0)
+    except ValueError:
+        raise ConfigError(f"--prefill {text!r}: expected N or N@CACHED, e.g. 2048 or 2048@6144") from None
+    if n <= 0 or p < 0:
+        raise ConfigError(f"--prefill {text!r}: needs N > 0 new tokens and CACHED >= 0")
+    return n, p
+
+
+def parse_decode(text: str) -> list[int]:
+    """'64x2048' -> 64 decodes at context 2,048; '2048' -> one decode."""
+    count, sep, ctx = text.partition("x")
+    try:
+        b, c = (int(count), int(ctx)) if sep else (1, int(count))
+    except ValueError:
+        raise ConfigError(f"--decode {text!r}: expected BxCONTEXT or CONTEXT, e.g. 64x2048") from None
+    if b <= 0 or c <= 0:
+        raise ConfigError(f"--decode {text!r}: batch and context must be > 0")
+    return [c] * b
+
+
+_PART_LABELS = {
+    "linear": "linear layers (+ LM head)", "prefill_attn": "prefill attention", "decode_attn": "decode attention",
+    "comm": "communication (TP all-reduce)", "layer_overhead": "per-layer overhead", "drafter": "MTP drafter",
+    "gpu": "GPU (aiconfigurator)",
+}
+
+
+def steptime(
+    model: str = typer.Option("meta-llama/Llama-3.1-8B", "--model", "-m", help="Catalog name, alias or config.json path."),
+    prefill: list[str] = typer.Option([], "--prefill", "-p", help="N new tokens, or N@CACHED. Repeatable."),
+    decode: list[str] = typer.Option([], "--decode", "-d", help="BxCONTEXT decodes (e.g. 64x2048). Repeatable."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
+    hardware: str = typer.Option("h200_sxm", "--hardware", help="Hardware profile."),
+    dtype: str = typer.Option("bf16", "--dtype", help="Weight dtype: bf16 or fp8."),
+    kv_dtype: str = typer.Option("auto", "--kv-dtype", help="KV cache dtype: auto, bf16 or fp8."),
+    drafts: int = typer.Option(0, "--drafts", "-k", help="MTP draft tokens per decode (speculative decoding)."),
+    drafter: str = typer.Option("model", "--drafter", help="MTP drafter: model (its MTP head) or synthetic."),
+    backend: str = typer.Option("roofline", "--backend", help="roofline or aic (aiconfigurator-core)."),
+    profile: Path | None = typer.Option(None, "--profile", help="Calibrated profile YAML (replay calibrate)."),
+    host_overhead_ms: float | None = typer.Option(None, "--host-overhead-ms", help="Override the per-step host overhead."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Predict one forward step's time and its breakdown (GPU time = step_ms - host_overhead_ms)."""
+    with user_errors():
+        from engine.config import EngineConfig
+        from engine.timing import build_timer, shape_from_requests
+
+        prefills = [parse_prefill(p) for p in prefill]
+        decodes = [c for d in decode for c in parse_decode(d)]
+        if not prefills and not decodes:
+            raise ConfigError("give at least one --prefill or --decode, e.g. --prefill 2048 --decode 64x2048")
+        data: dict = {"model": model, "hardware": hardware, "tensor_parallel_size": tp, "dtype": dtype,
+                      "kv_cache": {"cache_dtype": kv_dtype},
+                      "timing": {"backend": backend, "profile": str(profile) if profile else None,
+                                 "host_overhead_ms": host_overhead_ms}}
+        if drafts:
+            data["speculative"] = {"num_speculative_tokens": drafts, "drafter": drafter}
+        try:
+            config = EngineConfig.model_validate(data)
+        except ValueError as exc:
+            raise ConfigError(f"invalid option: {exc}") from None
+        timer = build_timer(config)
+        shape = shape_from_requests(prefills, decodes, drafts=drafts if decodes else 0,
+                                    spec_passes=drafts)
+        bd = timer.breakdown(shape)
+        if as_json:
+            out = {"model": model, "hardware": hardware, "backend": backend, "tensor_parallel_size": tp,
+                   "step_ms": bd.step_ms, "host_overhead_ms": bd.host_overhead_ms,
+                   "gpu_ms": bd.step_ms - bd.host_overhead_ms, **bd.parts,
+                   "shape": {k: getattr(shape, k) for k in shape.__dataclass_fields__}}
+            typer.echo(json.dumps(out, sort_keys=True))
+            return
+        table = Table(title=f"{model} on {hardware} (tp={tp}, {dtype}, backend {backend})")
+        table.add_column("part")
+        table.add_column("ms", justify="right")
+        table.add_column("share", justify="right")
+        for key, ms in bd.parts.items():
+            if ms or key in ("linear", "layer_overhead"):
+                table.add_row(_PART_LABELS.get(key, key), f"{ms:.3f}", f"{ms / bd.step_ms:.0%}")
+        table.add_row("host overhead (uncalibrated)", f"{bd.host_overhead_ms:.3f}",
+                      f"{bd.host_overhead_ms / bd.step_ms:.0%}")
+        table.add_row("[bold]step[/]", f"[bold]{bd.step_ms:.3f}[/]", "100%")
+        console.print(table)
+        console.print(f"{len(prefills)} prefill request(s), {shape.prefill_tokens} new tokens over "
+                      f"{shape.prefill_ctx_tokens} cached; {len(decodes)} decode(s), "
+                      f"{shape.decode_ctx_tokens} KV tokens read", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.command("steptime")(steptime)

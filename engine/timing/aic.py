@@ -1,0 +1,130 @@
+"""aiconfigurator-core as a step-time backend (optional extra: ``pip install '.[aic]'``).
+
+Uses aiconfigurator-core 0.12.0's compiled forward-pass model (``RustForwardPassPerfModel``, SILICON
+database mode, backend vllm) over the same per-step sums the roofline sees, adds the per-step host
+overhead (kernel data holds no host time) and memoizes every prediction.
+
+Two mappings are ours and documented in docs/timing.md:
+- aiconfigurator prices prefill attention from the mean chunk; we pass an effective prefill request
+  count that preserves the step's exact causal-pair work (``prefill_attn_work``) so unequal chunks
+  are not underestimated.
+- MTP: the engine is compiled with ``nextn = k`` (aiconfigurator's own MTP costing: a (1 + k)-wide
+  decode batch and an (L + k) / L compute scale); ``num_spec_passes`` is then implied.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from engine.hardware import HardwareProfile
+from engine.models import ModelSpec
+from engine.timing.base import StepBreakdown, StepShape
+from replay.errors import ConfigError
+
+AIC_VERSION = "0.12.0"
+INSTALL_HINT = "pip install 'aiconfigurator-core==0.12.0' (or pip install -e '.[aic]')"
+# Our hardware profile name -> aiconfigurator system name.
+AIC_SYSTEMS = {"h200_sxm": "h200_sxm", "h100_sxm": "h100_sxm", "b200": "b200_sxm"}
+_MEMO_LIMIT = 2_000_000  # entries; a replay sees far fewer distinct step shapes
+
+
+def aic_available() -> bool:
+    try:
+        import aiconfigurator_core  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _supported_models() -> list[str]:
+    from engine.models import get_model, list_models
+    return [n for n in list_models() if get_model(n).aic_name]
+
+
+class AicTimer:
+    """StepTimer backed by aiconfigurator-core's forward-pass model."""
+
+    backend = "aic"
+
+    def __init__(self, model: ModelSpec, hw: HardwareProfile, *, tp: int = 1, dtype: str = "bf16",
+                 kv_dtype: str = "bf16", host_overhead_ms: float, nextn: int = 0) -> None:
+        try:
+            from aiconfigurator_core.sdk.rust_engine_step import RustForwardPassPerfModel
+        except ImportError:
+            raise ConfigError(f"timing backend 'aic' needs aiconfigurator-core {AIC_VERSION}: {INSTALL_HINT}") \
+                from None
+        system = AIC_SYSTEMS.get(hw.name)
+        if system is None:
+            raise ConfigError(f"timing backend 'aic' has no data for hardware {hw.name!r}: "
+                              f"use one of {', '.join(AIC_SYSTEMS)}")
+        if not model.aic_name:
+            raise ConfigError(f"timing backend 'aic' does not know model {model.name!r}: use one of "
+                              f"{', '.join(_supported_models())} or a local folder holding its config.json")
+        self.model, self.hw, self.tp, self.dtype, self.kv_dtype = model, hw, tp, dtype, kv_dtype
+        self.host_overhead_ms = host_overhead_ms
+        self.nextn = nextn
+        cfg: dict[str, Any] = {
+            "schema_version": 1, "model_name": model.aic_name, "system_name": system, "backend": "vllm",
+            "backend_version": None, "tp_size": tp, "pp_size": 1, "database_mode": "SILICON",
+            "weight_dtype": "fp8" if dtype == "fp8" else None,
+            "kv_cache_dtype": "fp8" if kv_dtype == "fp8" else None,
+            "nextn": nextn or None,
+        }
+        quiet = logging.getLogger("aiconfigurator_core")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)  # it logs a line per low-fidelity table it loads
+        try:
+            self._fpm = RustForwardPassPerfModel.from_native(cfg)._inner
+        except Exception as exc:  # the Rust side raises ValueError/RuntimeError with its reason
+            raise ConfigError(f"aiconfigurator-core cannot model {model.name} on {system} (tp={tp}, "
+                              f"dtype={dtype}): {exc}. Models it ships: {', '.join(_supported_models())}") \
+                from None
+        finally:
+            quiet.setLevel(level)
+        self._memo: dict[tuple[int, int, int, int, int], float] = {}
+
+    def kernel_ms(self, num_prefill_reqs: int, prefill_tokens: int, prefill_ctx_tokens: int,
+                  prefill_attn_work: int, num_decode_reqs: int, decode_ctx_tokens: int) -> float:
+        """GPU time of the step as aiconfigurator predicts it (no host overhead)."""
+        n_pre = num_prefill_reqs
+        if prefill_tokens and prefill_attn_work and n_pre > 1:
+            # Effective request count whose equal chunks give the same causal pairs as the real ones.
+            s, p = prefill_tokens, prefill_ctx_tokens
+            n_eff = round((s * s / 2 + s * p) / max(1, prefill_attn_work - s / 2))
+            n_pre = min(n_pre, max(1, n_eff))
+        key = (n_pre, prefill_tokens, prefill_ctx_tokens, num_decode_reqs, decode_ctx_tokens)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        req: dict[str, int] = {}
+        if prefill_tokens:
+            req.update(num_prefill_requests=n_pre, sum_prefill_tokens=prefill_tokens,
+                       sum_prefill_kv_tokens=prefill_ctx_tokens)
+        if num_decode_reqs:
+            req.update(num_decode_requests=num_decode_reqs, sum_decode_kv_tokens=decode_ctx_tokens)
+        value = self._fpm.estimate_forward_pass_time_ms(json.dumps({"scheduled_requests": req}))
+        ms = float(value or 0.0)
+        if len(self._memo) >= _MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[key] = ms
+        return ms
+
+    def step_ms(self, num_prefill_reqs: int, prefill_tokens: int, prefill_ctx_tokens: int,
+                prefill_attn_work: int, num_decode_reqs: int, decode_query_tokens: int,
+                decode_ctx_tokens: int, num_spec_passes: int) -> float:
+        if prefill_tokens + decode_query_tokens <= 0:
+            return 0.0
+        return self.kernel_ms(num_prefill_reqs, prefill_tokens, prefill_ctx_tokens, prefill_attn_work,
+                              num_decode_reqs, decode_ctx_tokens) + self.host_overhead_ms
+
+    def breakdown(self, shape: StepShape) -> StepBreakdown:
+        """aiconfigurator's forward-pass model gives one number: it is reported as ``gpu``."""
+        s = shape
+        if s.prefill_tokens + s.decode_query_tokens <= 0:
+            return StepBreakdown(step_ms=0.0, host_overhead_ms=0.0, parts={"gpu": 0.0})
+        gpu = self.kernel_ms(s.num_prefill_reqs, s.prefill_tokens, s.prefill_ctx_tokens, s.prefill_attn_work,
+                             s.num_decode_reqs, s.decode_ctx_tokens)
+        return StepBreakdown(step_ms=gpu + self.host_overhead_ms, host_overhead_ms=self.host_overhead_ms,
+                             parts={"gpu": gpu})

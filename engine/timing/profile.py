@@ -1,0 +1,74 @@
+"""Calibrated timing profiles: the YAML ``replay calibrate`` writes and ``timing.profile`` reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine.timing.roofline import RooflineParams
+from replay.atomic import write_text_atomic
+from replay.errors import ConfigError
+
+PROFILE_KIND = "replay-timing-profile"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ProfileParams(_Strict):
+    eta_compute: float = Field(gt=0.0, le=1.0)
+    eta_attention: float = Field(gt=0.0, le=1.0)
+    eta_memory: float = Field(gt=0.0, le=1.0)
+    tau_layer_us: float = Field(ge=0.0)
+    host_overhead_ms: float = Field(ge=0.0)
+    allreduce_latency_us: float = Field(ge=0.0)
+    eta_nvlink: float = Field(gt=0.0, le=1.0)
+
+
+class FitStats(_Strict):
+    steps_csv: str
+    num_steps: int = Field(gt=0)
+    mape: float = Field(ge=0.0)
+    max_ape: float = Field(ge=0.0)
+    mape_before: float = Field(ge=0.0)  # the hardware profile's defaults on the same steps
+    host_overhead_fixed: bool
+
+
+class TimingProfile(_Strict):
+    kind: str = PROFILE_KIND
+    version: int = 1
+    hardware: str
+    model: str
+    tensor_parallel_size: int = Field(gt=0)
+    dtype: str
+    params: ProfileParams
+    fit: FitStats
+
+    def roofline_params(self) -> RooflineParams:
+        return RooflineParams(**self.params.model_dump())
+
+
+def save_profile(profile: TimingProfile, path: str | Path) -> None:
+    header = ("# Calibrated step-time profile written by `replay calibrate`; use it with\n"
+              "# timing: {profile: <this file>} in an engine config.\n")
+    write_text_atomic(path, header + yaml.safe_dump(profile.model_dump(), sort_keys=False))
+
+
+def load_profile(path: str | Path) -> TimingProfile:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read timing profile: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(data, dict) or data.get("kind") != PROFILE_KIND:
+        raise ConfigError(f"{path}: not a timing profile (expected kind: {PROFILE_KIND}; "
+                          "write one with `replay calibrate`)")
+    try:
+        return TimingProfile.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError(f"{path}: invalid timing profile:\n" + "\n".join(lines)) from None

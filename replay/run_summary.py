@@ -1,0 +1,53 @@
+"""The table `replay run` prints at the end: the headline metrics, computed by the reports layer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+_SHOWN_LATENCY = ("ttft", "itl", "tpot", "e2e")
+_SHOWN_PCTS = ("mean", "p50", "p90", "p99")
+_SHOWN_OTHER = ("completed", "rejected", "unfinished", "request_throughput", "output_throughput",
+                "gpu_hit_ratio", "cpu_hit_ratio", "preemptions")
+
+
+def _fmt(value, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "ratio":
+        return f"{value:.4f}"
+    if unit == "count":
+        return f"{int(value):,}"
+    return f"{value:,.2f}"
+
+
+def print_run_summary(outdir: Path, info: dict, wall_s: float, console: Console) -> None:
+    from reports.metrics import compute, headline
+    from reports.views import open_run
+
+    run = open_run(outdir)
+    try:
+        rows = {row.key: row for row in headline(compute(run))}
+    finally:
+        run.con.close()
+    lat = Table(title=f"Replay of {info['trace']['rows']:,} requests ({info['config']['model']}, "
+                      f"{info['config']['hardware']}) -> {outdir}", title_justify="left")
+    lat.add_column("latency (ms)")
+    for p in _SHOWN_PCTS:
+        lat.add_column(p, justify="right")
+    for key in _SHOWN_LATENCY:
+        cells = [_fmt(rows[f"{key}_{p}"].value, "ms") if f"{key}_{p}" in rows else "-" for p in _SHOWN_PCTS]
+        lat.add_row(key.upper(), *cells)
+    console.print(lat)
+    other = Table(show_header=False, box=None)
+    for key in _SHOWN_OTHER:
+        if key in rows:
+            row = rows[key]
+            other.add_row(row.label, _fmt(row.value, row.unit), row.unit if row.unit not in ("count", "ratio") else "")
+    other.add_row("Simulated span", f"{info['simulated_span_ms'] / 1000:,.1f}", "s")
+    other.add_row("Wall time", f"{wall_s:,.2f}", "s")
+    console.print(other)
+    for w in info.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {w}")
