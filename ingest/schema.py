@@ -84,7 +84,10 @@ def read_trace_metadata(path: str | Path) -> TraceMetadata:
 
 
 def read_trace(path: str | Path) -> tuple[pa.Table, TraceMetadata]:
-    """Read a whole canonical trace (columns cast to the canonical schema)."""
+    """Read a whole canonical trace (columns cast to the canonical schema).
+
+    The table's schema keeps the ``replay.*`` metadata, so ``trace_stats`` can find the block size.
+    """
     path = Path(path)
     try:
         pf = pq.ParquetFile(path)
@@ -95,7 +98,7 @@ def read_trace(path: str | Path) -> tuple[pa.Table, TraceMetadata]:
     missing = [f.name for f in TRACE_SCHEMA if f.name not in table.column_names]
     if missing:
         raise TraceError(f"missing columns {missing}", path=str(path))
-    table = table.select(TRACE_SCHEMA.names).cast(TRACE_SCHEMA)
+    table = table.select(TRACE_SCHEMA.names).cast(TRACE_SCHEMA.with_metadata(meta.to_parquet_metadata()))
     return table, meta
 
 

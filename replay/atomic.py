@@ -17,6 +17,12 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temp path beside ``final``; rename it onto ``final`` only if the block succeeds."""
@@ -27,6 +33,7 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
         os.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -58,6 +65,7 @@ def atomic_dir(final: str | os.PathLike[str], overwrite: bool = True) -> Iterato
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())
         if final.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old", dir=final.parent))
             os.replace(final, old / "x")

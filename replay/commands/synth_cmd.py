@@ -1,7 +1,63 @@
-"""Not yet implemented: registers nothing until its issue lands."""
+"""``replay synth``: synthetic traces with shared prefixes and multi-turn sessions, from a seed."""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import typer
+from pydantic import ValidationError
+
+from replay.commands._common import console, user_errors
+from replay.errors import ConfigError
+
+_FORMATS = {".jsonl": "mooncake", ".parquet": "parquet", ".csv": "azure"}
 
 
 def register(app: typer.Typer) -> None:
-    return None
+    @app.command("synth")
+    def synth(
+        output: Path = typer.Option(..., "--output", "-o", help="x.jsonl (Mooncake-style), x.parquet (canonical) "
+                                                                "or x.csv (Azure-2023-style)."),
+        requests: int = typer.Option(2000, "--requests", "-n", help="Number of requests."),
+        seed: int = typer.Option(0, "--seed", help="Random seed: same seed, same bytes."),
+        arrival: str = typer.Option("poisson", "--arrival", help="poisson, gamma or closed (closed-loop users)."),
+        rate: float = typer.Option(3.0, "--rate", help="Mean requests/s (poisson, gamma)."),
+        cv: float = typer.Option(2.0, "--cv", help="Inter-arrival CV of session starts (gamma)."),
+        concurrency: int = typer.Option(16, "--concurrency", help="Users (closed)."),
+        block_size: int = typer.Option(512, "--block-size", help="Tokens per hash id."),
+        length_dist: str = typer.Option("lognormal", "--length-dist", help="fixed, lognormal or exponential."),
+        length_sigma: float = typer.Option(0.8, "--length-sigma", help="Lognormal sigma."),
+        system_prompts: int = typer.Option(40, "--system-prompts", help="Shared system prompts."),
+        system_tokens: int = typer.Option(1500, "--system-tokens", help="Mean system prompt length."),
+        zipf: float = typer.Option(1.1, "--zipf", help="Zipf exponent of system prompt popularity."),
+        user_tokens: int = typer.Option(600, "--user-tokens", help="Mean new user tokens per turn."),
+        output_tokens: int = typer.Option(220, "--output-tokens", help="Mean output tokens."),
+        max_input: int = typer.Option(32768, "--max-input", help="Cap on prompt length (a session ends there)."),
+        turns_mean: float = typer.Option(3.0, "--turns-mean", help="Mean turns per session (1 = single-turn)."),
+        think_s: float = typer.Option(20.0, "--think-s", help="Mean think time between turns, seconds."),
+    ) -> None:
+        """Write a synthetic trace (see ingest/synth.py for the model and its assumptions)."""
+        from ingest import synth as sy
+
+        with user_errors():
+            kind = _FORMATS.get(output.suffix.lower())
+            if kind is None:
+                raise ConfigError(f"--output must end in {', '.join(_FORMATS)}: {output}")
+            try:
+                cfg = sy.SynthConfig(
+                    requests=requests, seed=seed, arrival=arrival, rate=rate, cv=cv, concurrency=concurrency,
+                    block_size=block_size, length_dist=length_dist, length_sigma=length_sigma,
+                    system_prompts=system_prompts, system_tokens=system_tokens, zipf=zipf, user_tokens=user_tokens,
+                    output_tokens=output_tokens, max_input=max_input, turns_mean=turns_mean, think_s=think_s)
+            except ValidationError as exc:
+                raise ConfigError(str(exc)) from None
+            if kind == "azure":
+                n = sy.write_azure_csv(cfg, output)
+            else:
+                table = sy.generate(cfg)
+                n = table.num_rows
+                if kind == "parquet":
+                    sy.write_parquet(table, cfg, output)
+                else:
+                    sy.write_mooncake_jsonl(table, output)
+        console.print(f"wrote {n:,} requests to {output}")

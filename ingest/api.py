@@ -1,0 +1,164 @@
+"""Public ingest API: ``convert`` (file -> canonical Parquet), ``load_trace`` and ``trace_stats``."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from replay.atomic import atomic_path
+from replay.errors import TraceError
+
+from .columns import ms_to_iso
+from .detect import make_reader
+from .options import IngestOptions, OnError
+from .pipeline import Progress, canonical_batches, no_rows_error, resolve_lines, sort_by_arrival
+from .readers.base import Reader, ReaderInfo
+from .rejections import side_file_path, write_side_file
+from .schema import TraceMetadata, is_canonical_trace, read_trace
+from .stats import trace_stats
+from .writer import TraceWriter, trace_schema_with, write_trace_table
+
+__all__ = ["IngestResult", "convert", "load_trace", "trace_stats", "file_sha256"]
+
+
+@dataclass
+class IngestResult:
+    """What an ingest did: counts, where rejected rows went, and the trace provenance."""
+
+    rows_written: int
+    rows_rejected: int
+    rows_resorted: int
+    rows_dropped: int
+    side_file: Path | None
+    metadata: TraceMetadata
+    dest: Path | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _options(**kw) -> IngestOptions:
+    return IngestOptions(**{k: v for k, v in kw.items() if v is not None})
+
+
+def _metadata(path: Path, info: ReaderInfo, progress: Progress, sha: str, shift: int = 0) -> TraceMetadata:
+    start = None
+    if info.wallclock and progress.base_ms is not None:
+        start = ms_to_iso(progress.base_ms + shift)
+    notes = list(info.notes)
+    if progress.sessions_derived:
+        notes.append("sessions: turn and parent_id filled in file order where the source omits them")
+    return TraceMetadata(
+        source_format=info.source_format,
+        source_file=path.name,
+        source_sha256=sha,
+        time_unit=info.time_unit,
+        start_time=start,
+        hash_block_size=info.hash_block_size,
+        prefix_identity=info.prefix_identity,  # type: ignore[arg-type]
+        tokenizer=info.tokenizer,
+        notes="; ".join(notes) or None,
+    )
+
+
+def _warnings(progress: Progress) -> list[str]:
+    out = []
+    if progress.rows_out_of_order:
+        out.append(f"{progress.rows_out_of_order} row(s) were out of time order; the trace was sorted by arrival")
+    if progress.rows_dropped:
+        out.append(f"{progress.rows_dropped} failed row(s) (zero output tokens) dropped by --drop-failed")
+    if progress.rejections:
+        out.append(f"{len(progress.rejections)} row(s) rejected")
+    return out
+
+
+def _open(source: Path, opts: IngestOptions) -> tuple[Reader, ReaderInfo]:
+    if not source.exists():
+        raise TraceError("no such file", path=str(source))
+    reader = make_reader(source, opts)
+    return reader, reader.info()
+
+
+def convert(source: str | Path, dest: str | Path, *, format: str | None = None, block_size: int | None = None,
+            on_error: OnError = "fail", time_unit: str | None = None, mapping: dict[str, str] | None = None,
+            tokenizer: str | None = None, drop_failed: bool = False) -> IngestResult:
+    """Ingest ``source`` (any supported format) into the canonical Parquet trace ``dest``.
+
+    With ``on_error='fail'`` the first problem raises ``TraceError`` and nothing is written; with
+    ``'skip'`` the good rows are written and the rejected ones listed in ``<dest>.rejected.jsonl``.
+    """
+    source, dest = Path(source), Path(dest)
+    opts = _options(format=format, block_size=block_size, on_error=on_error, time_unit=time_unit,
+                    mapping=mapping, tokenizer=tokenizer, drop_failed=drop_failed)
+    reader, info = _open(source, opts)
+    sha = file_sha256(source)
+    progress = Progress()
+    side = side_file_path(dest)
+    with atomic_path(dest) as tmp:
+        writer: TraceWriter | None = None
+        try:
+            for batch in canonical_batches(reader, info, opts, progress):
+                if writer is None:
+                    writer = TraceWriter(tmp, _metadata(source, info, progress, sha))
+                writer.write(batch)
+        finally:
+            if writer is not None:
+                writer.close()
+        if progress.rejections:
+            resolve_lines(reader, progress.rejections)
+            write_side_file(side, progress.rejections)
+        if writer is None:
+            raise no_rows_error(reader, progress)
+        meta = _metadata(source, info, progress, sha)
+        if progress.rows_out_of_order:
+            table = pq.read_table(tmp)
+            table, shift = sort_by_arrival(table, info.rebase)
+            meta = _metadata(source, info, progress, sha, shift)
+            write_trace_table(tmp, table, meta)
+    return IngestResult(
+        rows_written=progress.rows_good,
+        rows_rejected=len(progress.rejections),
+        rows_resorted=progress.rows_out_of_order,
+        rows_dropped=progress.rows_dropped,
+        side_file=side if progress.rejections else None,
+        metadata=meta,
+        dest=dest,
+        warnings=_warnings(progress),
+    )
+
+
+def load_trace(path: str | Path, *, format: str | None = None, block_size: int | None = None,
+               on_error: OnError = "fail", time_unit: str | None = None, mapping: dict[str, str] | None = None,
+               tokenizer: str | None = None, drop_failed: bool = False) -> tuple[pa.Table, TraceMetadata]:
+    """A canonical trace in memory: read it if ``path`` is one, else ingest the file in memory.
+
+    The returned table carries the ``replay.*`` metadata in its schema (so ``trace_stats`` knows the
+    block size). With ``on_error='skip'`` rejected rows are left out (nothing is written to disk).
+    """
+    path = Path(path)
+    if format in (None, "canonical") and is_canonical_trace(path):
+        return read_trace(path)
+    opts = _options(format=format, block_size=block_size, on_error=on_error, time_unit=time_unit,
+                    mapping=mapping, tokenizer=tokenizer, drop_failed=drop_failed)
+    reader, info = _open(path, opts)
+    progress = Progress()
+    batches = list(canonical_batches(reader, info, opts, progress))
+    if not batches:
+        raise no_rows_error(reader, progress)
+    table = pa.concat_tables(batches)
+    shift = 0
+    if progress.rows_out_of_order:
+        table, shift = sort_by_arrival(table, info.rebase)
+    meta = _metadata(path, info, progress, file_sha256(path), shift)
+    return table.cast(trace_schema_with(meta)), meta
+

@@ -1,0 +1,54 @@
+"""Ingest options shared by every reader (the ``replay ingest`` flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from replay.errors import ConfigError
+
+from .columns import TIME_UNITS
+
+OnError = Literal["fail", "skip"]
+
+# Canonical names accepted on the left of ``--map CANONICAL=SOURCE`` (generic csv/jsonl).
+MAP_TARGETS = ("arrival", "input_tokens", "output_tokens", "request_id", "session_id", "parent_id", "turn",
+               "delay_ms", "priority", "hash_ids")
+_MAP_ALIASES = {"arrival_ms": "arrival", "timestamp": "arrival", "time": "arrival"}
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    format: str | None = None
+    block_size: int | None = None
+    on_error: OnError = "fail"
+    time_unit: str | None = None
+    mapping: dict[str, str] = field(default_factory=dict)
+    tokenizer: str | None = None
+    drop_failed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ("fail", "skip"):
+            raise ConfigError(f"on_error must be 'fail' or 'skip', not {self.on_error!r}")
+        if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
+            raise ConfigError(f"block size must be a positive integer, not {self.block_size!r}")
+        if self.time_unit is not None and self.time_unit not in TIME_UNITS:
+            raise ConfigError(f"time unit must be one of {', '.join(TIME_UNITS)}, not {self.time_unit!r}")
+        normalized: dict[str, str] = {}
+        for key, value in (self.mapping or {}).items():
+            target = _MAP_ALIASES.get(key, key)
+            if target not in MAP_TARGETS:
+                raise ConfigError(f"--map: unknown canonical field {key!r}; use one of {', '.join(MAP_TARGETS)}")
+            normalized[target] = value
+        object.__setattr__(self, "mapping", normalized)
+
+
+def parse_map_flags(flags: list[str]) -> dict[str, str]:
+    """``["arrival=ts", "input_tokens=prompt_len"]`` -> ``{"arrival": "ts", ...}``."""
+    out: dict[str, str] = {}
+    for flag in flags:
+        key, sep, value = flag.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ConfigError(f"--map expects CANONICAL=SOURCE_COLUMN, got {flag!r}")
+        out[key.strip()] = value.strip()
+    return out

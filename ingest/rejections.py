@@ -1,0 +1,48 @@
+"""Rejected rows: where each problem is (row, line, field) and why, for errors and the side file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from replay.atomic import atomic_path
+from replay.errors import TraceError
+
+
+@dataclass
+class Rejection:
+    """One rejected source record. ``row`` is the 0-based record index; ``line`` the 1-based file line."""
+
+    row: int
+    field: str
+    reason: str
+    line: int | None = None
+    record: dict[str, Any] | None = field(default=None)
+
+    def to_error(self, path: str | Path, more: int = 0) -> TraceError:
+        hint = ""
+        if more:
+            hint = (f" (and {more} more problem{'s' if more > 1 else ''}; `--on-error skip` writes the good rows "
+                    "and lists every rejected row in a side file)")
+        line = self.line
+        where_row = "" if line is not None else f"record {self.row + 1}: "
+        return TraceError(where_row + self.reason + hint, path=str(path), line=line, field=self.field)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"line": self.line, "row": self.row, "field": self.field, "reason": self.reason,
+                "record": self.record}
+
+
+def side_file_path(dest: str | Path) -> Path:
+    dest = Path(dest)
+    return dest.with_name(dest.name + ".rejected.jsonl")
+
+
+def write_side_file(path: Path, rejections: list[Rejection]) -> None:
+    """One JSON object per rejected row, in source order, written atomically."""
+    rejections = sorted(rejections, key=lambda r: (r.row, r.field))
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        for rej in rejections:
+            fh.write(json.dumps(rej.to_json(), sort_keys=True, default=str) + "\n")
