@@ -57,15 +57,23 @@ class BlockKeys:
         bs = self.block_size
         ratio = self._aligned_ratio
         if ratio:
-            # Fast path: engine blocks tile trace blocks exactly, no lookahead.
-            last_trace_full = self.input_tokens // bs  # blocks fully inside the prompt
-            split = min(j1, last_trace_full)
+            # Fast path: engine blocks tile trace blocks exactly, no lookahead. Keys of the blocks
+            # inside one trace block form an arithmetic run, so each trace block is one C-level
+            # range() rather than `ratio` Python iterations.
+            split = min(j1, self.input_tokens // bs)  # blocks fully inside the prompt
+            out: list[int] = []
             ids, start = self.ids, self.start
-            out = [(ids[start + j // ratio] << _OFFSET_BITS) | ((j % ratio + 1) * bs)
-                   for j in range(j0, split)]
-            if split < j1:
-                tag = self.unique_tag << _UNIQUE_BITS
-                out.extend(-(tag | ((j + 1) * bs)) - 1 for j in range(max(j0, split), j1))
+            j = j0
+            while j < split:
+                i = j // ratio
+                stop = min(split, (i + 1) * ratio)
+                base = ids[start + i] << _OFFSET_BITS
+                off0 = j - i * ratio
+                out.extend(range(base + (off0 + 1) * bs, base + (stop - i * ratio) * bs + 1, bs))
+                j = stop
+            if j < j1:
+                neg = -(self.unique_tag << _UNIQUE_BITS) - 1  # -(tag | t) - 1 == neg - t for t < 2**40
+                out.extend(range(neg - (j + 1) * bs, neg - j1 * bs - 1, -bs))
             return out
         la = self.lookahead
         pk = self.prefix_key

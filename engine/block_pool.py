@@ -7,25 +7,34 @@
 - Eviction is lazy: a cached block stays findable until it is popped for reuse.
 - Two requests that compute the same block make two copies under one key; the key stays cached
   until its last copy is evicted (vLLM keeps a dict of block ids per hash).
+
+Reference counts are stored sparsely: a block is in use exactly when it is not in the free queue,
+and ``extra_refs`` counts references beyond the first (prefix sharing). That lets the common
+cases (allocating, caching and freeing blocks nobody else holds) run as bulk C-level operations
+on lists and dicts instead of Python loops, which is what keeps a chunk's block work cheap.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
+from itertools import repeat
+from operator import itemgetter
+
+_NONE = repeat(None)
+_first = itemgetter(0)
 
 
 class BlockPool:
-    __slots__ = ("num_gpu_blocks", "ref_cnt", "block_hash", "cached", "dups", "free_queue",
+    __slots__ = ("num_gpu_blocks", "extra_refs", "block_hash", "cached", "dups", "free_queue",
                  "num_evictions")
 
     def __init__(self, num_gpu_blocks: int) -> None:
         if num_gpu_blocks < 2:
             raise ValueError("num_gpu_blocks must be at least 2 (block 0 is the null block)")
         self.num_gpu_blocks = num_gpu_blocks
-        self.ref_cnt = [0] * num_gpu_blocks
-        self.ref_cnt[0] = 1  # the null block is never free
-        self.block_hash: list[int | None] = [None] * num_gpu_blocks
+        self.extra_refs: dict[int, int] = {}  # block -> references beyond the first
+        self.block_hash: dict[int, int] = {}  # block -> key, for cached blocks only
         self.cached: dict[int, int] = {}  # key -> first cached copy
         self.dups: dict[int, list[int]] = {}  # key -> further copies (rare)
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
@@ -42,35 +51,48 @@ class BlockPool:
         """vLLM's kv_cache_usage gauge: evictable cached blocks count as free."""
         return 1.0 - len(self.free_queue) / (self.num_gpu_blocks - 1)
 
+    def ref_cnt(self, b: int) -> int:
+        if b == 0:
+            return 1  # the null block is never free
+        if b in self.free_queue:
+            return 0
+        return 1 + self.extra_refs.get(b, 0)
+
     def get_cached_block(self, key: int) -> int | None:
         return self.cached.get(key)
 
     def get_new_blocks(self, n: int) -> list[int]:
         """Pop ``n`` blocks from the LRU end; a popped block that is still cached is evicted now."""
-        if n > len(self.free_queue):
-            raise RuntimeError(f"cannot allocate {n} blocks: only {len(self.free_queue)} free")
-        popitem = self.free_queue.popitem
-        block_hash = self.block_hash
-        ref_cnt = self.ref_cnt
-        out = [popitem(last=False)[0] for _ in range(n)]
-        for b in out:
-            ref_cnt[b] = 1
-            if block_hash[b] is not None:
-                self._evict(b)
+        fq = self.free_queue
+        if n > len(fq):
+            raise RuntimeError(f"cannot allocate {n} blocks: only {len(fq)} free")
+        out = list(map(_first, map(fq.popitem, repeat(False, n))))
+        bh_pop = self.block_hash.pop
+        if self.dups:
+            for b in out:
+                key = bh_pop(b, None)
+                if key is not None:
+                    self.num_evictions += 1
+                    self._evict(b, key)
+        else:
+            # One C-level pass reads and clears each popped block's key; with no duplicate copies
+            # every key's only copy is the popped block, so the keys leave the cache as they are.
+            keys = [k for k in map(bh_pop, out, _NONE) if k is not None]
+            if keys:
+                self.num_evictions += len(keys)
+                deque(map(self.cached.__delitem__, keys), 0)
         return out
 
-    def _evict(self, b: int) -> None:
-        key = self.block_hash[b]
-        self.block_hash[b] = None
-        self.num_evictions += 1
-        if self.cached.get(key) == b:
+    def _evict(self, b: int, key: int) -> None:
+        cached = self.cached
+        if cached.get(key) == b:
             copies = self.dups.get(key)
             if copies:
-                self.cached[key] = copies.pop(0)
+                cached[key] = copies.pop(0)
                 if not copies:
                     del self.dups[key]
             else:
-                del self.cached[key]
+                del cached[key]
         else:
             copies = self.dups[key]
             copies.remove(b)
@@ -79,46 +101,60 @@ class BlockPool:
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on prefix-cache hits, unlinking free ones from the free queue."""
-        ref_cnt = self.ref_cnt
-        free_queue = self.free_queue
+        fq = self.free_queue
+        extra = self.extra_refs
         for b in blocks:
-            if ref_cnt[b] == 0:
-                del free_queue[b]
-            ref_cnt[b] += 1
+            if b in fq:
+                del fq[b]
+            else:
+                extra[b] = extra.get(b, 0) + 1
 
-    def free_blocks(self, blocks_in_eviction_order: Iterable[int]) -> None:
+    def num_free_among(self, blocks: list[int]) -> int:
+        """How many of ``blocks`` sit in the free queue (hits that would consume free capacity)."""
+        fq = self.free_queue
+        return sum(map(fq.__contains__, blocks))
+
+    def free_blocks(self, blocks_in_eviction_order: list[int]) -> None:
         """Drop one reference each; blocks reaching zero join the free queue tail in the given order."""
-        ref_cnt = self.ref_cnt
-        free_queue = self.free_queue
+        extra = self.extra_refs
+        fq = self.free_queue
+        if not extra:
+            fq.update(zip(blocks_in_eviction_order, _NONE))
+            return
         for b in blocks_in_eviction_order:
-            rc = ref_cnt[b] - 1
-            ref_cnt[b] = rc
-            if rc == 0:
-                free_queue[b] = None
-            elif rc < 0:  # pragma: no cover - invariant
-                raise RuntimeError(f"block {b} freed more often than allocated")
+            c = extra.get(b)
+            if c is None:
+                fq[b] = None
+            elif c == 1:
+                del extra[b]
+            else:
+                extra[b] = c - 1
 
     def cache_full_blocks(self, blocks: list[int], keys: list[int]) -> None:
         """Register newly full blocks under their keys (at scheduling time, as vLLM does)."""
-        block_hash = self.block_hash
+        self.block_hash.update(zip(blocks, keys))
         cached = self.cached
-        for b, key in zip(blocks, keys, strict=True):
-            block_hash[b] = key
+        if cached.keys().isdisjoint(keys):
+            cached.update(zip(keys, blocks))
+            return
+        dups = self.dups
+        for b, key in zip(blocks, keys):
             if key in cached:
-                self.dups.setdefault(key, []).append(b)
+                dups.setdefault(key, []).append(b)
             else:
                 cached[key] = b
 
     def check_invariants(self) -> None:
-        """Debug mode: block conservation and reference counts (O(pool), never on the hot path)."""
-        assert self.ref_cnt[0] == 1, "null block reference changed"
-        for b in range(1, self.num_gpu_blocks):
-            rc = self.ref_cnt[b]
-            assert rc >= 0, f"block {b} has negative ref_cnt {rc}"
-            assert (rc == 0) == (b in self.free_queue), f"block {b}: ref_cnt {rc} vs free queue"
+        """Debug mode: block conservation and keys (O(pool), never on the hot path)."""
+        fq = self.free_queue
+        assert 0 not in fq, "the null block is in the free queue"
+        for b, c in self.extra_refs.items():
+            assert c >= 1 and b not in fq, f"block {b}: extra refs {c} on a free block"
         for key, b in self.cached.items():
-            assert self.block_hash[b] == key, f"cached key of block {b} mismatches"
+            assert self.block_hash.get(b) == key, f"cached key of block {b} mismatches"
         for key, copies in self.dups.items():
             assert key in self.cached, "duplicate copy without a primary"
             for b in copies:
-                assert self.block_hash[b] == key
+                assert self.block_hash.get(b) == key
+        n_keys = len(self.cached) + sum(len(c) for c in self.dups.values())
+        assert n_keys == len(self.block_hash), "block_hash and cached disagree"

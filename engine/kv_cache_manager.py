@@ -69,8 +69,7 @@ class KVCacheManager:
         bs = self.block_size
         needed = -(-(num_tokens + num_lookahead_tokens) // bs)
         held = len(req.block_ids) + len(new_computed_blocks)
-        ref_cnt = self.pool.ref_cnt
-        evictable_hits = sum(1 for b in new_computed_blocks if ref_cnt[b] == 0)
+        evictable_hits = self.pool.num_free_among(new_computed_blocks) if new_computed_blocks else 0
         return max(0, needed - held) + evictable_hits
 
     def allocate_slots(self, req: Request, num_new_tokens: int,
@@ -87,8 +86,7 @@ class KVCacheManager:
         if num_new_blocks < 0:
             num_new_blocks = 0
         if new_computed_blocks:
-            ref_cnt = pool.ref_cnt
-            evictable = sum(1 for b in new_computed_blocks if ref_cnt[b] == 0)
+            evictable = pool.num_free_among(new_computed_blocks)
             if num_new_blocks + evictable > len(pool.free_queue):
                 return False
             pool.touch(new_computed_blocks)

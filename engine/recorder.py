@@ -25,8 +25,6 @@ from engine.request import Request
 from engine.trace_input import TraceArrays
 
 _ROW_GROUP = 1 << 20
-_STEP_FIELDS = [f.name for f in STEPS_SCHEMA]
-_STEP_TYPECODES = {pa.int64(): "q", pa.int32(): "i", pa.float64(): "d", pa.float32(): "d"}
 
 # Parquet writer settings fixed here so that identical runs give identical bytes.
 _PARQUET_OPTS = dict(compression="zstd", write_statistics=True, use_dictionary=True)
@@ -56,7 +54,7 @@ class Recorder:
         self._chunk_req = array("i")
         self._chunk_time = array("d")
         self._chunk_tokens = array("i")
-        self._steps = {name: array(_STEP_TYPECODES[STEPS_SCHEMA.field(name).type]) for name in _STEP_FIELDS}
+        self._step_rows: list[tuple] = []
         self._request_ids = pa.array(trace.request_id, pa.string())
         self._chunk_writer = pq.ParquetWriter(outdir / "chunks.parquet", CHUNKS_SCHEMA, **_PARQUET_OPTS)
         self._step_writer = pq.ParquetWriter(outdir / "steps.parquet", STEPS_SCHEMA, **_PARQUET_OPTS)
@@ -64,18 +62,33 @@ class Recorder:
         self.num_steps = 0
 
     # -- hot path ------------------------------------------------------------------------------
-    def emit_chunk(self, idx: int, time_ms: float, tokens: int) -> None:
-        self._chunk_req.append(idx)
-        self._chunk_time.append(time_ms)
-        self._chunk_tokens.append(tokens)
+    def emit_chunks(self, reqs: list[int], time_ms: float, tokens: list[int]) -> None:
+        """Chunks of one step (all emitted at the step's end)."""
+        self._chunk_req.extend(reqs)
+        self._chunk_tokens.extend(tokens)
+        self._chunk_time.extend([time_ms] * len(reqs))
         if len(self._chunk_req) >= _ROW_GROUP:
             self._flush_chunks()
 
+    def emit_chunk_arrays(self, reqs: np.ndarray, times: np.ndarray, tokens: np.ndarray) -> None:
+        """Many steps' chunks at once (decode windows), in emission order."""
+        self._chunk_req.frombytes(reqs.astype(np.int32).tobytes())
+        self._chunk_time.frombytes(times.astype(np.float64).tobytes())
+        self._chunk_tokens.frombytes(tokens.astype(np.int32).tobytes())
+        if len(self._chunk_req) >= _ROW_GROUP:
+            self._flush_chunks()
+
+    def record_steps(self, rows: list[tuple]) -> None:
+        self._step_rows.extend(rows)
+        self.num_steps += len(rows)
+        if len(self._step_rows) >= _ROW_GROUP:
+            self._flush_steps()
+
     def record_step(self, values: tuple) -> None:
-        for buf, v in zip(self._steps.values(), values):
-            buf.append(v)
+        """One row of steps.parquet, in STEPS_SCHEMA column order."""
+        self._step_rows.append(values)
         self.num_steps += 1
-        if len(self._steps["step"]) >= _ROW_GROUP:
+        if len(self._step_rows) >= _ROW_GROUP:
             self._flush_steps()
 
     def request_finished(self, r: Request) -> None:
@@ -123,15 +136,12 @@ class Recorder:
         self._chunk_tokens = array("i")
 
     def _flush_steps(self) -> None:
-        if not self._steps["step"]:
+        if not self._step_rows:
             return
-        cols = []
-        for f in STEPS_SCHEMA:
-            buf = self._steps[f.name]
-            np_type = {"q": np.int64, "i": np.int32, "d": np.float64}[buf.typecode]
-            cols.append(pa.array(np.frombuffer(buf, dtype=np_type)).cast(f.type))
-        self._step_writer.write_table(pa.Table.from_arrays(cols, schema=STEPS_SCHEMA), row_group_size=_ROW_GROUP)
-        self._steps = {name: array(buf.typecode) for name, buf in self._steps.items()}
+        columns = list(zip(*self._step_rows))
+        arrays = [pa.array(col, f.type) for col, f in zip(columns, STEPS_SCHEMA)]
+        self._step_writer.write_table(pa.Table.from_arrays(arrays, schema=STEPS_SCHEMA), row_group_size=_ROW_GROUP)
+        self._step_rows = []
 
     def close(self) -> None:
         self._flush_chunks()

@@ -103,8 +103,13 @@ def _fingerprint(table: pa.Table) -> str:
 def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, outdir: str | Path, *,
                  trace_path: str | Path | None = None, config_source: str | None = None,
                  on_error: str = "fail", overwrite: bool = True, progress: ProgressFn | None = None,
-                 check_invariants: bool = False, setup: EngineSetup | None = None) -> RunSummary:
-    """Replay ``table`` under ``config`` into ``outdir``; nothing is written unless the run completes."""
+                 check_invariants: bool = False, setup: EngineSetup | None = None,
+                 fast_forward: bool = True) -> RunSummary:
+    """Replay ``table`` under ``config`` into ``outdir``; nothing is written unless the run completes.
+
+    ``fast_forward=False`` steps through decode-only runs one step at a time (same bytes, slower:
+    kept for the equivalence test).
+    """
     wall_start = time.perf_counter()
     setup = setup or resolve_setup(config)
     trace = trace_arrays(table, meta.hash_block_size)
@@ -154,7 +159,7 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
         recorder = Recorder(trace, tmp)
         sim = Simulator(trace, plan, scheduler, setup.timer, recorder, block_size=bs,
                         hash_lookahead=lookahead_hash, rejected=rejected, num_to_replay=len(selected),
-                        check_invariants=check_invariants, progress=progress)
+                        check_invariants=check_invariants, progress=progress, fast_forward=fast_forward)
         try:
             sim.run()
         except BaseException:

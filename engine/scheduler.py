@@ -8,7 +8,7 @@ listed in docs/engine.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request, RequestStatus
@@ -28,22 +28,26 @@ class SchedulerLimits:
     num_spec_tokens: int = 0
 
 
-@dataclass(slots=True)
 class SchedulerOutput:
     """One step: which requests run how many tokens, and the step's shape for the timer."""
 
-    reqs: list[Request] = field(default_factory=list)
-    num_new_tokens: list[int] = field(default_factory=list)
-    num_drafts: list[int] = field(default_factory=list)
-    num_prefill_reqs: int = 0
-    prefill_tokens: int = 0
-    prefill_ctx_tokens: int = 0
-    prefill_attn_work: int = 0
-    num_decode_reqs: int = 0
-    decode_query_tokens: int = 0
-    decode_ctx_tokens: int = 0
-    num_preempted: int = 0
-    total_tokens: int = 0
+    __slots__ = ("reqs", "num_new_tokens", "num_drafts", "num_prefill_reqs", "prefill_tokens",
+                 "prefill_ctx_tokens", "prefill_attn_work", "num_decode_reqs", "decode_query_tokens",
+                 "decode_ctx_tokens", "num_preempted", "total_tokens")
+
+    def __init__(self) -> None:
+        self.reqs: list[Request] = []
+        self.num_new_tokens: list[int] = []
+        self.num_drafts: list[int] = []
+        self.num_prefill_reqs = 0
+        self.prefill_tokens = 0
+        self.prefill_ctx_tokens = 0
+        self.prefill_attn_work = 0
+        self.num_decode_reqs = 0
+        self.decode_query_tokens = 0
+        self.decode_ctx_tokens = 0
+        self.num_preempted = 0
+        self.total_tokens = 0
 
 
 class Scheduler:
@@ -96,8 +100,11 @@ class Scheduler:
         lpt = lim.long_prefill_token_threshold
         k = lim.num_spec_tokens
         max_model_len = lim.max_model_len
-        scheduled_tokens: dict[int, int] = {}  # request idx -> tokens (to undo a preempted victim)
-        sched_reqs: list[Request] = []
+        bs = kv.block_size
+        caching = kv.enable_caching
+        la_hash = kv.hash_lookahead
+        sched_reqs = out.reqs
+        sched_tokens = out.num_new_tokens
 
         # Phase 1: RUNNING, in admission order.
         running = self.running
@@ -105,71 +112,84 @@ class Scheduler:
         preempted_any = False
         while i < len(running) and budget > 0:
             r = running[i]
-            n = r.num_prompt_tokens + r.num_output_tokens + r.num_draft_tokens - r.num_computed_tokens
+            before = r.num_computed_tokens
+            known = r.num_prompt_tokens + r.num_output_tokens
+            n = known + r.num_draft_tokens - before
             if 0 < lpt < n:
                 n = lpt
             if n > budget:
                 n = budget
-            cap = max_model_len - 1 - r.num_computed_tokens
+            cap = max_model_len - 1 - before
             if n > cap:
                 n = cap
             if n <= 0:
                 i += 1
                 continue
-            scheduled = True
-            while not kv.allocate_slots(r, n, None, k):
-                victim = self._pick_victim()
-                if victim.idx in scheduled_tokens:
-                    budget += scheduled_tokens.pop(victim.idx)
-                    sched_reqs.remove(victim)
-                self._preempt(victim)
-                preempted_any = True
-                out.num_preempted += 1
-                if victim is r:
-                    scheduled = False
+            # Fast path (most decode steps): the held blocks already cover the new tokens and the
+            # lookahead, and no block becomes full; allocate_slots would change nothing.
+            done = before + n
+            if (done + k + bs - 1) // bs > len(r.block_ids) or (
+                    caching and ((done if done < known else known) - la_hash) // bs > r.num_cached_blocks):
+                scheduled = True
+                while not kv.allocate_slots(r, n, None, k):
+                    victim = self._pick_victim()
+                    if victim in sched_reqs:
+                        j = sched_reqs.index(victim)
+                        del sched_reqs[j]
+                        budget += sched_tokens.pop(j)
+                    self._preempt(victim)
+                    preempted_any = True
+                    out.num_preempted += 1
+                    if victim is r:
+                        scheduled = False
+                        break
+                if not scheduled:
                     break
-            if not scheduled:
-                break
-            scheduled_tokens[r.idx] = n
             sched_reqs.append(r)
+            sched_tokens.append(n)
             budget -= n
             i += 1
 
         # Phase 2: WAITING, only when nothing was preempted this step.
         if not preempted_any:
-            budget = self._schedule_waiting(now_ms, budget, scheduled_tokens, sched_reqs)
+            budget = self._schedule_waiting(now_ms, budget, sched_reqs, sched_tokens)
 
-        # Build the step's shape (one pass over what was scheduled).
-        for r in sched_reqs:
-            n = scheduled_tokens[r.idx]
+        # The step's shape, in one pass over what was scheduled.
+        n_pre = pre_tok = pre_ctx = pre_work = n_dec = dec_q = dec_ctx = 0
+        drafts_list = out.num_drafts
+        for r, n in zip(sched_reqs, sched_tokens):
             before = r.num_computed_tokens
-            known = r.num_prompt_tokens + r.num_output_tokens
-            drafts = 0
-            if known - before == 1 and n > 1:
+            left = r.num_prompt_tokens + r.num_output_tokens - before
+            if left <= 1:
                 drafts = n - 1  # drafts trimmed to what the budget allowed
-            r.num_draft_tokens = drafts
-            if known - before <= 1:
-                out.num_decode_reqs += 1
-                out.decode_query_tokens += n
-                out.decode_ctx_tokens += before + n
+                n_dec += 1
+                dec_q += n
+                dec_ctx += before + n
             else:
-                out.num_prefill_reqs += 1
-                out.prefill_tokens += n
-                out.prefill_ctx_tokens += before
-                out.prefill_attn_work += n * before + n * (n + 1) // 2
+                drafts = 0
+                n_pre += 1
+                pre_tok += n
+                pre_ctx += before
+                pre_work += n * before + n * (n + 1) // 2
+            r.num_draft_tokens = drafts
+            drafts_list.append(drafts)
             if r.first_scheduled_ms < 0:
                 r.first_scheduled_ms = now_ms
             r.num_computed_tokens = before + n  # optimistic, as vLLM does
-            out.reqs.append(r)
-            out.num_new_tokens.append(n)
-            out.num_drafts.append(drafts)
-            out.total_tokens += n
+        out.num_prefill_reqs = n_pre
+        out.prefill_tokens = pre_tok
+        out.prefill_ctx_tokens = pre_ctx
+        out.prefill_attn_work = pre_work
+        out.num_decode_reqs = n_dec
+        out.decode_query_tokens = dec_q
+        out.decode_ctx_tokens = dec_ctx
+        out.total_tokens = pre_tok + dec_q
         if self.offload is not None and sched_reqs:
             self.offload.prepare_stores(sched_reqs)
         return out
 
-    def _schedule_waiting(self, now_ms: float, budget: int, scheduled_tokens: dict[int, int],
-                          sched_reqs: list[Request]) -> int:
+    def _schedule_waiting(self, now_ms: float, budget: int, sched_reqs: list[Request],
+                          sched_tokens: list[int]) -> int:
         lim = self.limits
         kv = self.kv
         waiting = self.waiting
@@ -232,8 +252,8 @@ class Scheduler:
             self._admit_counter += 1
             r.admit_seq = self._admit_counter
             running.append(r)
-            scheduled_tokens[r.idx] = n
             sched_reqs.append(r)
+            sched_tokens.append(n)
             budget -= n
         for r in reversed(skipped):
             waiting.prepend(r)
@@ -259,25 +279,25 @@ class Scheduler:
             self.cpu_hit_tokens += num_external
 
     # ------------------------------------------------------------------ update
-    def update_from_output(self, out: SchedulerOutput, end_ms: float,
-                           emit_chunk, finished: list[Request]) -> tuple[int, int]:
+    def update_from_output(self, out: SchedulerOutput, end_ms: float, finished: list[Request],
+                           chunk_reqs: list[int], chunk_tokens: list[int]) -> tuple[int, int]:
         """Apply a finished step: emit tokens, roll back rejected drafts, finish requests.
 
-        Returns (draft tokens verified, drafts accepted) for the step.
+        Emitted chunks are appended to ``chunk_reqs``/``chunk_tokens`` (all at ``end_ms``); finished
+        requests to ``finished``. Returns (draft tokens verified, drafts accepted) for the step.
         """
         k = self.limits.num_spec_tokens
         max_model_len = self.limits.max_model_len
         sampler = self.sampler
+        running_status = RequestStatus.RUNNING
         step_drafts = 0
         step_accepted = 0
-        any_finished = False
         for r, drafts in zip(out.reqs, out.num_drafts):
-            if r.status != RequestStatus.RUNNING:
+            if r.status is not running_status:
                 continue
             known = r.num_prompt_tokens + r.num_output_tokens
             if r.num_computed_tokens < known:
                 continue  # a non-final prefill chunk emits nothing
-            accepted = 0
             if drafts:
                 accepted = sampler.num_accepted(r.idx, r.spec_step, drafts)
                 r.spec_step += 1
@@ -287,27 +307,30 @@ class Scheduler:
                 r.num_accepted_tokens += accepted
                 step_drafts += drafts
                 step_accepted += accepted
-            emitted = 1 + accepted
-            remaining = r.max_tokens - r.num_output_tokens
-            if emitted > remaining:
-                emitted = remaining
+                emitted = 1 + accepted
+                remaining = r.max_tokens - r.num_output_tokens
+                if emitted > remaining:
+                    emitted = remaining
+            else:
+                emitted = 1
             r.num_output_tokens += emitted
             if r.first_token_ms < 0:
                 r.first_token_ms = end_ms
-            emit_chunk(r.idx, end_ms, emitted)
+            chunk_reqs.append(r.idx)
+            chunk_tokens.append(emitted)
             if r.num_output_tokens >= r.max_tokens or known + emitted >= max_model_len:
                 r.status = RequestStatus.FINISHED
                 r.finish_ms = end_ms
                 r.num_draft_tokens = 0
                 finished.append(r)
-                any_finished = True
             else:
                 r.num_draft_tokens = k  # the drafter proposes k tokens after sampling
-        if any_finished:
-            self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+        if finished:
+            self.running = [r for r in self.running if r.status is running_status]
+            offload = self.offload
             for r in finished:
-                if self.offload is not None:
-                    self.offload.request_finished(r, end_ms)
+                if offload is not None:
+                    offload.request_finished(r, end_ms)
                 else:
                     self.kv.free(r)
         return step_drafts, step_accepted

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from engine.arrivals import ArrivalPlan
 from engine.block_keys import BlockKeys
+from engine.decode_window import run_decode_window
 from engine.recorder import Recorder
 from engine.request import Request
 from engine.scheduler import Scheduler
@@ -26,7 +27,7 @@ class Simulator:
     def __init__(self, trace: TraceArrays, plan: ArrivalPlan, scheduler: Scheduler, timer: StepTimer,
                  recorder: Recorder, *, block_size: int, hash_lookahead: int,
                  rejected: dict[int, str], num_to_replay: int, check_invariants: bool = False,
-                 progress: ProgressFn | None = None) -> None:
+                 progress: ProgressFn | None = None, fast_forward: bool = True) -> None:
         self.trace = trace
         self.plan = plan
         self.sched = scheduler
@@ -38,6 +39,7 @@ class Simulator:
         self.num_to_replay = num_to_replay
         self.check_invariants = check_invariants
         self.progress = progress
+        self.fast_forward = fast_forward
         self.num_done = 0
         self.now = 0.0
         self._dynamic: list[tuple[float, int, int]] = []  # (ready_ms, seq, idx) released on completions
@@ -109,9 +111,10 @@ class Simulator:
         spec_k = sched.limits.num_spec_tokens
         kv_pool = sched.kv.pool
         step_ms = timer.step_ms
-        emit_chunk = rec.emit_chunk
+        emit_chunks = rec.emit_chunks
         step_idx = 0
         idle_spins = 0
+        ff_ok = self.fast_forward and offload is None and spec_k == 0
         now = 0.0
         last_progress = -1.0
         while True:
@@ -129,6 +132,14 @@ class Simulator:
                     break
                 now = max(now, nxt)
                 continue
+            if ff_ok and not sched.waiting:
+                end, taken = run_decode_window(sched, step_ms, rec, now, self._next_event_ms(open_ptr), step_idx)
+                if taken:
+                    step_idx += taken
+                    now = end
+                    if self.check_invariants:
+                        self._check(None)
+                    continue
             out = sched.schedule(now)
             if out.total_tokens == 0:
                 nxt = self._next_event_ms(open_ptr)
@@ -148,7 +159,11 @@ class Simulator:
             if offload is not None:
                 offload.step_executed(now, end)
             finished: list[Request] = []
-            drafts, accepted = sched.update_from_output(out, end, emit_chunk, finished)
+            chunk_reqs: list[int] = []
+            chunk_tokens: list[int] = []
+            drafts, accepted = sched.update_from_output(out, end, finished, chunk_reqs, chunk_tokens)
+            if chunk_reqs:
+                emit_chunks(chunk_reqs, end, chunk_tokens)
             for r in finished:
                 rec.request_finished(r)
                 self._request_done(r.idx, end)
@@ -185,7 +200,8 @@ class Simulator:
     def _check(self, out) -> None:
         """Debug mode invariants: block conservation, ref counts, budget."""
         lim = self.sched.limits
-        assert out.total_tokens <= lim.max_num_batched_tokens, "token budget exceeded"
+        if out is not None:
+            assert out.total_tokens <= lim.max_num_batched_tokens, "token budget exceeded"
         assert len(self.sched.running) <= lim.max_num_seqs, "max_num_seqs exceeded"
         pool = self.sched.kv.pool
         pool.check_invariants()
@@ -199,5 +215,5 @@ class Simulator:
         for b, c in extra.items():
             holders[b] = holders.get(b, 0) + c
         for b in range(1, pool.num_gpu_blocks):
-            assert pool.ref_cnt[b] == holders.get(b, 0), (
-                f"block {b}: ref_cnt {pool.ref_cnt[b]} but held {holders.get(b, 0)} times")
+            assert pool.ref_cnt(b) == holders.get(b, 0), (
+                f"block {b}: ref_cnt {pool.ref_cnt(b)} but held {holders.get(b, 0)} times")
