@@ -1,0 +1,4 @@
+"""Side-by-side harness: replay against NVIDIA AISimulate on the same trace and settings (issue 7).
+
+Run ``python -m bench.compare --help`` from the repository root; see docs/fidelity.md.
+"""
