@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from itertools import repeat
+from itertools import filterfalse, repeat
 from operator import itemgetter
 
 _NONE = repeat(None)
@@ -77,7 +77,7 @@ class BlockPool:
         else:
             # One C-level pass reads and clears each popped block's key; with no duplicate copies
             # every key's only copy is the popped block, so the keys leave the cache as they are.
-            keys = [k for k in map(bh_pop, out, _NONE) if k is not None]
+            keys = list(filter(None, map(bh_pop, out, _NONE)))  # keys are never 0
             if keys:
                 self.num_evictions += len(keys)
                 deque(map(self.cached.__delitem__, keys), 0)
@@ -118,17 +118,17 @@ class BlockPool:
         """Drop one reference each; blocks reaching zero join the free queue tail in the given order."""
         extra = self.extra_refs
         fq = self.free_queue
-        if not extra:
+        shared = extra.keys() & blocks_in_eviction_order if extra else None
+        if not shared:
             fq.update(zip(blocks_in_eviction_order, _NONE))
             return
-        for b in blocks_in_eviction_order:
-            c = extra.get(b)
-            if c is None:
-                fq[b] = None
-            elif c == 1:
+        for b in shared:  # other holders remain: drop one reference, keep the block in use
+            c = extra[b]
+            if c == 1:
                 del extra[b]
             else:
                 extra[b] = c - 1
+        fq.update(zip(filterfalse(shared.__contains__, blocks_in_eviction_order), _NONE))
 
     def cache_full_blocks(self, blocks: list[int], keys: list[int]) -> None:
         """Register newly full blocks under their keys (at scheduling time, as vLLM does)."""

@@ -138,8 +138,10 @@ class Recorder:
     def _flush_steps(self) -> None:
         if not self._step_rows:
             return
-        columns = list(zip(*self._step_rows))
-        arrays = [pa.array(col, f.type) for col, f in zip(columns, STEPS_SCHEMA)]
+        # One float64 matrix: every step field is an integer below 2**53 or a float, so the
+        # round trip is exact.
+        matrix = np.array(self._step_rows, dtype=np.float64)
+        arrays = [pa.array(matrix[:, j].astype(f.type.to_pandas_dtype())) for j, f in enumerate(STEPS_SCHEMA)]
         self._step_writer.write_table(pa.Table.from_arrays(arrays, schema=STEPS_SCHEMA), row_group_size=_ROW_GROUP)
         self._step_rows = []
 
