@@ -1,7 +1,32 @@
-"""Not yet implemented: registers nothing until its issue lands."""
+"""``replay report OUTDIR -o report.md``: markdown with charts for one replay."""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
+from replay.commands._common import console, user_errors
+
 
 def register(app: typer.Typer) -> None:
-    return None
+    @app.command("report")
+    def report(
+        outdir: Path = typer.Argument(..., help="Replay output directory (from `replay run`)."),
+        output: Path = typer.Option(Path("report.md"), "-o", "--output",
+                                    help="Markdown file to write; charts go to <stem>_files/ beside it."),
+        slo: str | None = typer.Option(None, "--slo", help="Goodput SLOs in ms, e.g. ttft=500,tpot=50 (keys ttft, tpot, e2e)."),
+        charts: bool = typer.Option(True, "--charts/--no-charts", help="Draw the PNG charts."),
+        json_out: Path | None = typer.Option(None, "--json", help="Also write every metric as JSON here."),
+    ) -> None:
+        """Summarize one replay: latency percentiles, throughput, goodput, reuse, scheduler, charts."""
+        with user_errors():
+            from reports.report import write_report
+            from reports.slo import parse_slo
+
+            result = write_report(outdir, output, slo=parse_slo(slo), charts=charts, json_path=json_out)
+        console.print(f"wrote [bold]{result.markdown}[/]" + (f" and {len(result.charts)} charts in "
+                                                           f"{next(iter(result.charts.values())).parent}"
+                                                           if result.charts else ""))
+        for w in result.metrics.warnings:
+            console.print(f"[yellow]warning:[/] {w}", highlight=False)

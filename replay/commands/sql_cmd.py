@@ -1,7 +1,62 @@
-"""Not yet implemented: registers nothing until its issue lands."""
+"""``replay sql OUTDIR "SELECT ..."``: ad-hoc DuckDB queries over a replay's views."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import typer
+from rich.table import Table
+
+from replay.commands._common import console, user_errors
+from replay.errors import ReplayError
+
+VIEWS_HELP = ("Views: requests, chunks, steps (the replay output), trace (the replayed trace), itl_gaps "
+              "(one ITL sample per chunk), run_window (the measured window).")
 
 
 def register(app: typer.Typer) -> None:
-    return None
+    @app.command("sql", help="Run a DuckDB SQL query over a replay output. " + VIEWS_HELP)
+    def sql_command(
+        outdir: Path = typer.Argument(..., help="Replay output directory."),
+        query: str = typer.Argument(..., help='SQL, e.g. "SELECT status, count(*) FROM requests GROUP BY ALL".'),
+        csv: bool = typer.Option(False, "--csv", help="Print CSV (all rows) instead of a table."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON records (all rows) instead of a table."),
+        max_rows: int = typer.Option(50, "--max-rows", min=1, help="Rows shown in the table (CSV/JSON print all)."),
+    ) -> None:
+        with user_errors():
+            import duckdb
+
+            from reports.views import open_run
+
+            if csv and as_json:
+                raise ReplayError("choose one of --csv and --json")
+            run = open_run(outdir)
+            try:
+                try:
+                    frame = run.con.execute(query).df()
+                except duckdb.Error as exc:
+                    raise ReplayError(f"query failed: {exc}") from None
+            finally:
+                run.con.close()
+        if csv:
+            frame.to_csv(sys.stdout, index=False)
+            return
+        if as_json:
+            sys.stdout.write(frame.to_json(orient="records", date_format="iso") + "\n")
+            return
+        table = Table(show_lines=False)
+        for col in frame.columns:
+            table.add_column(str(col), justify="right" if frame[col].dtype.kind in "iuf" else "left")
+        for row in frame.head(max_rows).itertuples(index=False):
+            table.add_row(*("NULL" if _isnull(v) else f"{v:.6g}" if isinstance(v, float) else str(v) for v in row))
+        console.print(table)
+        if len(frame) > max_rows:
+            console.print(f"[dim]{len(frame) - max_rows:,} more rows (use --max-rows, --csv or --json)[/]")
+
+
+def _isnull(value) -> bool:
+    try:
+        return value is None or bool(value != value)
+    except (TypeError, ValueError):  # lists and arrays: never null here
+        return False

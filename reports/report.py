@@ -1,0 +1,48 @@
+"""``replay report``: one run -> markdown + PNG charts (+ optional metrics JSON)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from replay.atomic import atomic_dir, write_json_atomic, write_text_atomic
+from reports.charts import report_charts
+from reports.metrics import RunMetrics, compute
+from reports.render import render_report
+from reports.slo import Slo
+from reports.views import open_run
+
+
+def charts_dir_for(markdown: Path) -> Path:
+    """Charts live beside the markdown, in ``<stem>_files/`` (as pandoc and Jupyter do)."""
+    return markdown.parent / f"{markdown.stem}_files"
+
+
+@dataclass
+class ReportResult:
+    markdown: Path
+    charts: dict[str, Path]
+    metrics: RunMetrics
+
+
+def write_report(outdir: str | Path, markdown: str | Path, *, slo: Slo | None = None, charts: bool = True,
+                 json_path: str | Path | None = None) -> ReportResult:
+    outdir, markdown = Path(outdir), Path(markdown)
+    run = open_run(outdir)
+    try:
+        metrics = compute(run, slo)
+    finally:
+        run.con.close()
+    chart_paths: dict[str, Path] = {}
+    rel: dict[str, str] = {}
+    if charts:
+        final_dir = charts_dir_for(markdown)
+        with atomic_dir(final_dir) as tmp:
+            with_cpu = bool((run.info.get("config") or {}).get("host_offload")) or bool(metrics.steps["cpu_usage_max"])
+            made = report_charts(tmp, metrics, with_cpu=with_cpu)
+        chart_paths = {k: final_dir / p.name for k, p in made.items()}
+        rel = {k: f"{final_dir.name}/{p.name}" for k, p in made.items()}
+    write_text_atomic(markdown, render_report(metrics, run.info, outdir, rel))
+    if json_path is not None:
+        write_json_atomic(json_path, metrics.to_json())
+    return ReportResult(markdown=markdown, charts=chart_paths, metrics=metrics)

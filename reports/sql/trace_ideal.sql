@@ -1,0 +1,29 @@
+-- Per trace row: prompt tokens an infinite prefix cache would hit. Rows are taken in arrival order
+-- (ties by file row); a row hits the leading run of its hash ids that appeared in any earlier row,
+-- k ids -> min(k * hash_block_size, input_tokens). A row's own earlier ids do not count: the cache is
+-- looked up before the row's blocks are inserted. Rows without hash ids hit nothing.
+CREATE OR REPLACE TEMP TABLE trace_ideal AS
+WITH t AS (
+    SELECT row_number() OVER (ORDER BY arrival_ms, trace_row) AS rn,
+           request_id, turn, input_tokens, hash_ids
+    FROM trace_rows
+),
+ids AS (
+    SELECT rn, unnest(hash_ids) AS h, generate_subscripts(hash_ids, 1) AS pos
+    FROM t
+),
+first_use AS (
+    SELECT h, min(rn) AS first_rn FROM ids GROUP BY h
+),
+first_miss AS (
+    SELECT ids.rn, min(ids.pos) AS pos
+    FROM ids JOIN first_use AS f ON ids.h = f.h AND ids.rn = f.first_rn
+    GROUP BY ids.rn
+)
+SELECT
+    t.request_id,
+    t.turn,
+    t.input_tokens,
+    least(coalesce(first_miss.pos - 1, len(t.hash_ids), 0) * (SELECT hash_block_size FROM trace_meta),
+          t.input_tokens)::BIGINT AS ideal_hit_tokens
+FROM t LEFT JOIN first_miss USING (rn)

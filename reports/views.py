@@ -1,0 +1,147 @@
+"""Open a replay OUTDIR as DuckDB views: ``requests``, ``chunks``, ``steps`` and ``trace``.
+
+Every report, ``replay sql`` and ``replay diff`` go through here, so the views (and the few helper
+views the metric queries build on) are defined once. The files are read lazily by DuckDB; nothing is
+loaded into memory until a query needs it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow.parquet as pq
+
+from engine.output_schema import (
+    CHUNKS_FILE,
+    CHUNKS_SCHEMA,
+    REQUESTS_FILE,
+    REQUESTS_SCHEMA,
+    RUN_FILE,
+    STEPS_FILE,
+    STEPS_SCHEMA,
+)
+from ingest.schema import TRACE_SCHEMA, TraceMetadata
+from replay.errors import ReplayError, TraceError
+from reports.sqlfiles import sql
+
+# The output views; `trace` is added when the run's trace can be found.
+OUTPUT_VIEWS = {"requests": (REQUESTS_FILE, REQUESTS_SCHEMA), "chunks": (CHUNKS_FILE, CHUNKS_SCHEMA),
+                "steps": (STEPS_FILE, STEPS_SCHEMA)}
+VIEW_SQL = "CREATE OR REPLACE VIEW {name} AS SELECT {columns} FROM read_parquet({path}{options})"
+LOCAL_TRACE = "trace.parquet"
+
+
+def _literal(path: Path) -> str:
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+@dataclass
+class Run:
+    """One replay output opened for querying."""
+
+    outdir: Path
+    info: dict[str, Any]                       # run.json
+    con: duckdb.DuckDBPyConnection
+    trace_path: Path | None                    # None: the trace view is absent (see notes)
+    trace_meta: TraceMetadata | None
+    notes: list[str] = field(default_factory=list)  # why something is unavailable
+
+    @property
+    def has_prefix_ids(self) -> bool:
+        return self.trace_meta is not None and self.trace_meta.hash_block_size is not None
+
+    def query(self, name: str, **params: Any) -> duckdb.DuckDBPyRelation | duckdb.DuckDBPyConnection:
+        """Run ``reports/sql/<name>.sql`` with named parameters."""
+        return self.con.execute(sql(name), params or None)
+
+
+def read_run_json(outdir: Path) -> dict[str, Any]:
+    path = outdir / RUN_FILE
+    if not outdir.is_dir():
+        raise ReplayError(f"{outdir}: not a directory (expected a replay output directory)")
+    if not path.is_file():
+        raise ReplayError(f"{outdir}: not a replay output directory (no {RUN_FILE}); run `replay run` first")
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReplayError(f"{path}: cannot read run info: {exc}") from None
+    if not isinstance(info, dict):
+        raise ReplayError(f"{path}: expected a JSON object")
+    return info
+
+
+def _check_columns(path: Path, schema) -> None:
+    """Fail early, naming the file and the column, when an output file is not what we expect."""
+    if not path.is_file():
+        raise ReplayError(f"{path}: missing (the replay output is incomplete)")
+    try:
+        have = pq.read_schema(path)
+    except Exception as exc:  # pyarrow raises several types for a bad file
+        raise ReplayError(f"{path}: cannot read Parquet: {exc}") from None
+    missing = [f.name for f in schema if f.name not in have.names]
+    if missing:
+        raise ReplayError(f"{path}: field '{missing[0]}' missing (columns {missing} are required)")
+
+
+def _find_trace(outdir: Path, info: dict[str, Any], notes: list[str]) -> Path | None:
+    trace = info.get("trace") or {}
+    candidates = []
+    if trace.get("path"):
+        candidates.append(Path(trace["path"]))
+    candidates.append(outdir / LOCAL_TRACE)
+    for path in candidates:
+        if path.is_file():
+            return path
+    notes.append(f"trace not found at {trace.get('path') or '(run.json has no trace.path)'}: "
+                 "the `trace` view and the infinite-cache reuse are unavailable")
+    return None
+
+
+def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -> Run:
+    """Check the OUTDIR and create its views on a fresh (or given) in-memory DuckDB connection."""
+    outdir = Path(outdir)
+    info = read_run_json(outdir)
+    con = con if con is not None else duckdb.connect()
+    for name, (filename, schema) in OUTPUT_VIEWS.items():
+        path = outdir / filename
+        _check_columns(path, schema)
+        con.execute(VIEW_SQL.format(name=name, columns="*", path=_literal(path.resolve()), options=""))
+    notes: list[str] = []
+    trace_path = _find_trace(outdir, info, notes)
+    meta = None
+    if trace_path is not None:
+        try:
+            meta = TraceMetadata.from_parquet_metadata(pq.read_schema(trace_path).metadata, trace_path)
+        except TraceError:
+            raise
+        except Exception as exc:
+            raise TraceError(f"cannot read the run's trace: {exc}", path=str(trace_path)) from None
+        _check_columns(trace_path, TRACE_SCHEMA)
+        columns = ", ".join(TRACE_SCHEMA.names)
+        lit = _literal(trace_path.resolve())
+        con.execute(VIEW_SQL.format(name="trace", columns=columns, path=lit, options=""))
+        con.execute(VIEW_SQL.format(name="trace_rows", columns=columns + ", file_row_number AS trace_row",
+                                    path=lit, options=", file_row_number = true"))
+        block = int(meta.hash_block_size) if meta.hash_block_size is not None else "NULL"
+        con.execute(f"CREATE OR REPLACE VIEW trace_meta AS SELECT {block}::BIGINT AS hash_block_size")
+        if meta.hash_block_size is None:
+            notes.append(f"the trace has no prefix identity ({meta.prefix_identity}): "
+                         "infinite-cache reuse is unknown, not zero")
+    con.execute("CREATE OR REPLACE VIEW run_window AS " + sql("run_window"))
+    con.execute("CREATE OR REPLACE VIEW itl_gaps AS " + sql("itl_gaps"))
+    return Run(outdir=outdir, info=info, con=con, trace_path=trace_path, trace_meta=meta, notes=notes)
+
+
+def build_trace_ideal(run: Run, *, empty: bool = False) -> bool:
+    """Materialize ``trace_ideal`` (per-row infinite-cache hits); False (and an empty table) when it
+    cannot be known or is not wanted, so the by-turn query still runs."""
+    if empty or run.trace_path is None or not run.has_prefix_ids:
+        run.con.execute("CREATE OR REPLACE TEMP TABLE trace_ideal (request_id VARCHAR, turn INTEGER, "
+                        "input_tokens INTEGER, ideal_hit_tokens BIGINT)")
+        return False
+    run.con.execute(sql("trace_ideal"))
+    return True
