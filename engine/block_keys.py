@@ -27,7 +27,7 @@ class BlockKeys:
     """Block keys for one request. Keys are plain ints (fast dict keys); unique keys are negative."""
 
     __slots__ = ("ids", "start", "end", "hash_block_size", "block_size", "input_tokens",
-                 "unique_tag", "lookahead", "_aligned_ratio")
+                 "unique_tag", "lookahead")
 
     def __init__(self, ids: list[int], start: int, end: int, hash_block_size: int | None,
                  block_size: int, input_tokens: int, unique_tag: int, lookahead: int = 0) -> None:
@@ -39,8 +39,6 @@ class BlockKeys:
         self.input_tokens = input_tokens if end > start and hash_block_size else 0
         self.unique_tag = unique_tag
         self.lookahead = lookahead
-        hb = self.hash_block_size
-        self._aligned_ratio = hb // block_size if hb and hb % block_size == 0 and lookahead == 0 else 0
 
     def prefix_key(self, t: int) -> int:
         """Identity of the first ``t`` tokens (t >= 1) of this request."""
@@ -51,30 +49,29 @@ class BlockKeys:
         return -((self.unique_tag << _UNIQUE_BITS) | t) - 1
 
     def block_keys(self, j0: int, j1: int) -> list[int]:
-        """Keys of blocks j0..j1-1 (each must be full, lookahead included)."""
+        """Keys of blocks j0..j1-1 (each must be full, lookahead included).
+
+        Block j is named by the prefix of t_j = (j + 1) * B + lookahead tokens. While t_j stays in
+        one trace block, the keys form an arithmetic run (step B), so each trace block costs one
+        C-level range() instead of a Python iteration per engine block.
+        """
         if j1 <= j0:
             return []
         bs = self.block_size
-        ratio = self._aligned_ratio
-        if ratio:
-            # Fast path: engine blocks tile trace blocks exactly, no lookahead. Keys of the blocks
-            # inside one trace block form an arithmetic run, so each trace block is one C-level
-            # range() rather than `ratio` Python iterations.
-            split = min(j1, self.input_tokens // bs)  # blocks fully inside the prompt
-            out: list[int] = []
-            ids, start = self.ids, self.start
-            j = j0
-            while j < split:
-                i = j // ratio
-                stop = min(split, (i + 1) * ratio)
-                base = ids[start + i] << _OFFSET_BITS
-                off0 = j - i * ratio
-                out.extend(range(base + (off0 + 1) * bs, base + (stop - i * ratio) * bs + 1, bs))
-                j = stop
-            if j < j1:
-                neg = -(self.unique_tag << _UNIQUE_BITS) - 1  # -(tag | t) - 1 == neg - t for t < 2**40
-                out.extend(range(neg - (j + 1) * bs, neg - j1 * bs - 1, -bs))
-            return out
         la = self.lookahead
-        pk = self.prefix_key
-        return [pk((j + 1) * bs + la) for j in range(j0, j1)]
+        out: list[int] = []
+        j = j0
+        hb = self.hash_block_size
+        if self.input_tokens:
+            split = min(j1, max(0, (self.input_tokens - la) // bs))  # blocks named by trace ids
+            ids, start = self.ids, self.start
+            while j < split:
+                i = ((j + 1) * bs + la - 1) // hb  # trace block holding the block's last token
+                last = min(split, ((i + 1) * hb - la) // bs)  # first j past this trace block
+                base = (ids[start + i] << _OFFSET_BITS) - i * hb + la
+                out.extend(range(base + (j + 1) * bs, base + last * bs + 1, bs))
+                j = last
+        if j < j1:
+            neg = -(self.unique_tag << _UNIQUE_BITS) - 1 - la  # -(tag | t) - 1 == neg' - t, t < 2**40
+            out.extend(range(neg - (j + 1) * bs, neg - j1 * bs - 1, -bs))
+        return out

@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from itertools import filterfalse, islice, repeat
+from operator import itemgetter
 
 from engine.config import HostOffloadConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request
 from replay.errors import ConfigError
 
-_KEY_BATCH = 64
 _PENDING = math.inf  # ready time of a block whose D2H copy has not completed
+_first = itemgetter(0)
+_second = itemgetter(1)
 
 
 class OffloadManager:
@@ -76,21 +79,33 @@ class OffloadManager:
         bs, la = self.block_size, self.lookahead
         return [pk((m + 1) * bs + la) for m in range(m0, m1)]
 
-    def _make_room(self) -> bool:
+    def _victims(self, needed: int, protected: list[int]) -> list[int] | None:
+        """The ``needed`` least recent blocks that may go, or None if there are not enough.
+
+        Like vLLM's LRUOffloadingManager.prepare_store: never a block being loaded (pinned) or
+        still being written, nor one of the keys this store names. The common case (nothing of
+        the sort at the LRU front) is a couple of C-level passes, not a Python loop per block.
+        """
         store = self.store
-        if len(store) < self.num_cpu_blocks:
-            return True
+        front = list(islice(store.items(), needed))
         pins = self.pins
-        for key, ready in store.items():  # front = least recently used
-            if ready != _PENDING and key not in pins:
-                del store[key]
-                self.total_cpu_evictions += 1
-                return True
-        return False
+        if len(front) == needed and _PENDING not in map(_second, front):
+            victims = list(map(_first, front))
+            if (not pins or pins.keys().isdisjoint(victims)) and set(victims).isdisjoint(protected):
+                return victims
+        keep = set(protected)
+        victims = []
+        for key, ready in store.items():
+            if ready != _PENDING and key not in pins and key not in keep:
+                victims.append(key)
+                if len(victims) == needed:
+                    return victims
+        return None
 
     def prepare_stores(self, scheduled: list[Request]) -> None:
         store = self.store
         bs, la = self.block_size, self.lookahead
+        capacity = self.num_cpu_blocks
         for r in scheduled:
             known = r.num_prompt_tokens + r.num_output_tokens
             tokens = r.num_computed_tokens if r.num_computed_tokens < known else known
@@ -98,18 +113,29 @@ class OffloadManager:
             m = r.num_stored_offload_blocks
             if full <= m:
                 continue
-            added = False
-            for key in self._keys(r, m, full):
-                if key not in store:
-                    if not self._make_room():
-                        self.store_skipped_full += full - m
-                        break
-                    store[key] = _PENDING
-                    self._batch_keys.append(key)
-                    added = True
-                m += 1
-            r.num_stored_offload_blocks = m
-            if added:
+            keys = self._keys(r, m, full)
+            new = list(filterfalse(store.__contains__, keys))  # keys already on the CPU are skipped
+            need = len(new) - (capacity - len(store))
+            if need > 0:
+                victims = self._victims(need, keys)
+                if victims is None:  # vLLM's prepare_store returns None: nothing stored, retried later
+                    self.store_skipped_full += len(new)
+                    continue
+                deque(map(store.__delitem__, victims), 0)
+                self.total_cpu_evictions += len(victims)
+            # The call's keys end at the LRU tail in reverse, so the prefix head is most recent
+            # (vLLM touches them after preparing the store).
+            if len(new) == len(keys):
+                store.update(zip(reversed(keys), repeat(_PENDING)))
+            else:
+                for key in reversed(keys):
+                    if key in store:
+                        store.move_to_end(key)
+                    else:
+                        store[key] = _PENDING
+            r.num_stored_offload_blocks = full
+            if new:
+                self._batch_keys.extend(new)
                 self._batch_reqs.append(r)
 
     def step_executed(self, start_ms: float, end_ms: float) -> None:
@@ -121,10 +147,7 @@ class OffloadManager:
         begin = end_ms if end_ms > self.d2h_free_ms else self.d2h_free_ms
         done = begin + self.latency_ms + nbytes * self.d2h_ms_per_byte
         self.d2h_free_ms = done
-        store = self.store
-        for key in keys:
-            if key in store:
-                store[key] = done
+        self.store.update(zip(keys, repeat(done)))  # pending blocks are never evicted: all present
         for r in self._batch_reqs:
             if done > r.stores_done_ms:
                 r.stores_done_ms = done
@@ -141,32 +164,39 @@ class OffloadManager:
 
     # -- loads ---------------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, r: Request, num_local: int, now_ms: float) -> int:
+        """CPU hit tokens beyond the ``num_local`` GPU hits (vLLM's OffloadingConnector).
+
+        Touches every stored key of the request (prefix heads most recent), then counts
+        consecutive complete CPU blocks from the first GPU miss; less than one offload block
+        of gain loads nothing.
+        """
         bs = self.block_size
         known = r.num_tokens
-        m0 = num_local // bs
-        limit = (known - self.lookahead) // bs
-        store = self.store
-        hit_keys: list[int] = []
-        m = m0
-        while m < limit:
-            batch = self._keys(r, m, min(limit, m + _KEY_BATCH))
-            for key in batch:
-                ready = store.get(key)
-                if ready is None or ready > now_ms:
-                    limit = -1
-                    break
-                hit_keys.append(key)
-            m += len(batch)
-        if not hit_keys:
+        num_blocks = (known - self.lookahead) // bs
+        if num_blocks <= 0:
             return 0
-        ext = (m0 + len(hit_keys)) * bs - num_local
+        store = self.store
+        keys = self._keys(r, 0, num_blocks)
+        for key in list(filter(store.__contains__, reversed(keys))):
+            store.move_to_end(key)
+        if num_blocks * bs - num_local < bs:
+            return 0
+        start = num_local // bs
+        hits = 0
+        get = store.get
+        for key in islice(keys, start, None):
+            ready = get(key)
+            if ready is None or ready > now_ms:
+                break
+            hits += 1
+        if not hits:
+            return 0
+        ext = (start + hits) * bs - num_local
         if num_local + ext >= known:
             ext = known - 1 - num_local  # a full hit recomputes the last token
         if ext <= 0:
             return 0
-        for key in reversed(hit_keys):  # prefix heads end most recent
-            store.move_to_end(key)
-        r.load_keys = hit_keys
+        r.load_keys = keys[start:start + hits]
         return ext
 
     def start_load(self, r: Request, num_local: int, num_external: int, now_ms: float) -> None:

@@ -177,13 +177,24 @@ def test_load_delays_admission_by_at_least_one_step(tmp_path):
 
 
 def test_cpu_lru_evicts_least_recent_and_reports_usage(tmp_path):
-    # 4 CPU blocks. A stores keys [1,2,3]; B stores 4 (room), then 5 and 6 evicting the LRU front,
-    # 1 and 2: the CPU holds [3,4,5,6]. C needs key 1 first, so it hits nothing, recomputes and stores
-    # 1 (evicting 3), 2 (evicting 4) and 3 (evicting 5): 5 CPU evictions in all.
+    # 4 CPU blocks. A's stores land in reverse (vLLM touches a request's keys from the tail, so its
+    # prefix head is most recent): LRU [3, 2, 1]. B's 3 new keys need 2 evictions from the front
+    # (3 and 2), then land as [1, 6, 5, 4]. C (A's prompt) touches key 1 at lookup ([6, 5, 4, 1]) and
+    # hits it alone: 16 tokens load from the CPU. C then stores 2 and 3, evicting 6 and 5: 4 in all.
     rows = [dict(input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3]),
             dict(arrival_ms=100, input_tokens=48, output_tokens=1, hash_ids=[4, 5, 6]),
             dict(arrival_ms=200, input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3])]
     reqs, steps, info = run_offload(rows, tmp_path, caching=False, host=offload(num_cpu_blocks=4))
-    assert info["totals"]["cpu_evictions"] == 5
-    assert reqs.loc["r2", "cpu_hit_tokens"] == 0
+    assert reqs.loc["r2", "cpu_hit_tokens"] == 16
+    assert info["totals"]["cpu_evictions"] == 4
     assert steps.cpu_blocks_used.max() == 4 and steps.cpu_usage.max() == 1.0
+
+
+def test_cpu_store_is_all_or_nothing_when_nothing_can_be_evicted(tmp_path):
+    # 2 CPU blocks and a 48-token prompt (3 offload blocks): vLLM's prepare_store cannot evict
+    # enough and stores nothing for that request; the counters say so.
+    rows = [dict(input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3])]
+    _, steps, info = run_offload(rows, tmp_path, caching=False, host=offload(num_cpu_blocks=2))
+    assert info["totals"]["cpu_blocks_stored"] == 0
+    assert info["totals"]["cpu_store_skipped_full"] >= 3
+    assert steps.cpu_blocks_used.max() == 0
