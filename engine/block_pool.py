@@ -9,35 +9,36 @@
   until its last copy is evicted (vLLM keeps a dict of block ids per hash).
 
 Reference counts are stored sparsely: a block is in use exactly when it is not in the free queue,
-and ``extra_refs`` counts references beyond the first (prefix sharing). That lets the common
-cases (allocating, caching and freeing blocks nobody else holds) run as bulk C-level operations
-on lists and dicts instead of Python loops, which is what keeps a chunk's block work cheap.
+and ``extra_refs`` counts references beyond the first (prefix sharing). A free block's key (None
+when uncached) is the free queue's value, and the caller passes keys in when it frees blocks (a
+request knows the keys of its cached prefix). That lets the common cases (allocating, caching and
+freeing blocks nobody else holds) run as bulk C-level operations on lists and dicts instead of
+Python loops, which is what keeps a chunk's block work cheap.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from itertools import filterfalse, repeat
+from itertools import repeat
 from operator import itemgetter
 
 _NONE = repeat(None)
 _first = itemgetter(0)
+_second = itemgetter(1)
 
 
 class BlockPool:
-    __slots__ = ("num_gpu_blocks", "extra_refs", "block_hash", "cached", "dups", "free_queue",
-                 "num_evictions")
+    __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "num_evictions")
 
     def __init__(self, num_gpu_blocks: int) -> None:
         if num_gpu_blocks < 2:
             raise ValueError("num_gpu_blocks must be at least 2 (block 0 is the null block)")
         self.num_gpu_blocks = num_gpu_blocks
         self.extra_refs: dict[int, int] = {}  # block -> references beyond the first
-        self.block_hash: dict[int, int] = {}  # block -> key, for cached blocks only
         self.cached: dict[int, int] = {}  # key -> first cached copy
         self.dups: dict[int, list[int]] = {}  # key -> further copies (rare)
-        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
+        self.free_queue: OrderedDict[int, int | None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
         self.num_evictions = 0
 
     @property
@@ -66,20 +67,16 @@ class BlockPool:
         fq = self.free_queue
         if n > len(fq):
             raise RuntimeError(f"cannot allocate {n} blocks: only {len(fq)} free")
-        out = list(map(_first, map(fq.popitem, repeat(False, n))))
-        bh_pop = self.block_hash.pop
-        if self.dups:
-            for b in out:
-                key = bh_pop(b, None)
-                if key is not None:
-                    self.num_evictions += 1
-                    self._evict(b, key)
-        else:
-            # One C-level pass reads and clears each popped block's key; with no duplicate copies
-            # every key's only copy is the popped block, so the keys leave the cache as they are.
-            keys = list(filter(None, map(bh_pop, out, _NONE)))  # keys are never 0
-            if keys:
-                self.num_evictions += len(keys)
+        popped = list(map(fq.popitem, repeat(False, n)))
+        out = list(map(_first, popped))
+        keys = list(filter(None, map(_second, popped)))  # cached blocks carry their key; keys are never 0
+        if keys:
+            self.num_evictions += len(keys)
+            if self.dups:
+                for b, key in popped:
+                    if key is not None:
+                        self._evict(b, key)
+            else:  # every key has one copy, which must be the popped block
                 deque(map(self.cached.__delitem__, keys), 0)
         return out
 
@@ -114,13 +111,16 @@ class BlockPool:
         fq = self.free_queue
         return sum(map(fq.__contains__, blocks))
 
-    def free_blocks(self, blocks_in_eviction_order: list[int]) -> None:
-        """Drop one reference each; blocks reaching zero join the free queue tail in the given order."""
+    def free_blocks(self, blocks_in_eviction_order: list[int], keys: list[int | None]) -> None:
+        """Drop one reference each; blocks reaching zero join the free queue tail in the given order.
+
+        ``keys[i]`` is the key block i is cached under (None if it is not cached).
+        """
         extra = self.extra_refs
         fq = self.free_queue
         shared = extra.keys() & blocks_in_eviction_order if extra else None
         if not shared:
-            fq.update(zip(blocks_in_eviction_order, _NONE))
+            fq.update(zip(blocks_in_eviction_order, keys))
             return
         for b in shared:  # other holders remain: drop one reference, keep the block in use
             c = extra[b]
@@ -128,11 +128,10 @@ class BlockPool:
                 del extra[b]
             else:
                 extra[b] = c - 1
-        fq.update(zip(filterfalse(shared.__contains__, blocks_in_eviction_order), _NONE))
+        fq.update([(b, k) for b, k in zip(blocks_in_eviction_order, keys) if b not in shared])
 
     def cache_full_blocks(self, blocks: list[int], keys: list[int]) -> None:
         """Register newly full blocks under their keys (at scheduling time, as vLLM does)."""
-        self.block_hash.update(zip(blocks, keys))
         cached = self.cached
         if cached.keys().isdisjoint(keys):
             cached.update(zip(keys, blocks))
@@ -144,17 +143,27 @@ class BlockPool:
             else:
                 cached[key] = b
 
-    def check_invariants(self) -> None:
-        """Debug mode: block conservation and keys (O(pool), never on the hot path)."""
+    def check_invariants(self, in_use_keys: dict[int, int | None] | None = None) -> None:
+        """Debug mode: keys and free queue agree (O(pool), never on the hot path).
+
+        ``in_use_keys`` maps each in-use block to the key its holders know it by.
+        """
         fq = self.free_queue
         assert 0 not in fq, "the null block is in the free queue"
         for b, c in self.extra_refs.items():
             assert c >= 1 and b not in fq, f"block {b}: extra refs {c} on a free block"
+        in_use_keys = in_use_keys or {}
+
+        def key_of(b: int) -> int | None:
+            return fq[b] if b in fq else in_use_keys.get(b)
+
         for key, b in self.cached.items():
-            assert self.block_hash.get(b) == key, f"cached key of block {b} mismatches"
+            assert key_of(b) == key, f"cached key of block {b} mismatches"
         for key, copies in self.dups.items():
             assert key in self.cached, "duplicate copy without a primary"
             for b in copies:
-                assert self.block_hash.get(b) == key
+                assert key_of(b) == key
         n_keys = len(self.cached) + sum(len(c) for c in self.dups.values())
-        assert n_keys == len(self.block_hash), "block_hash and cached disagree"
+        n_keyed = sum(1 for k in fq.values() if k is not None) + sum(
+            1 for b, k in in_use_keys.items() if k is not None and b not in fq)
+        assert n_keys == n_keyed, f"{n_keys} cached copies but {n_keyed} keyed blocks"

@@ -111,7 +111,12 @@ class KVCacheManager:
         """Release a request's blocks, last block first, so its prefix head is evicted last."""
         blocks = req.block_ids
         if blocks:
+            n = req.num_cached_blocks
+            keys: list[int | None] = req.keys.block_keys(0, n) if n else []
+            if len(blocks) > n:
+                keys.extend([None] * (len(blocks) - n))
             blocks.reverse()
-            self.pool.free_blocks(blocks)
+            keys.reverse()
+            self.pool.free_blocks(blocks, keys)
         req.block_ids = []
         req.num_cached_blocks = 0

@@ -19,18 +19,14 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_right
 from collections import OrderedDict, deque
 from itertools import filterfalse, islice, repeat
-from operator import itemgetter
 
 from engine.config import HostOffloadConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request
 from replay.errors import ConfigError
-
-_PENDING = math.inf  # ready time of a block whose D2H copy has not completed
-_first = itemgetter(0)
-_second = itemgetter(1)
 
 
 class OffloadManager:
@@ -54,11 +50,14 @@ class OffloadManager:
         self.d2h_ms_per_byte = 1e3 / (cfg.d2h_gbps * 1e9)
         self.h2d_ms_per_byte = 1e3 / (cfg.h2d_gbps * 1e9)
         self.latency_ms = cfg.latency_us / 1e3
-        self.store: OrderedDict[int, float] = OrderedDict()  # key -> ready time (inf while copying)
+        # key -> id of the store batch (one per step) that wrote it; batch b's copy completes at
+        # batch_done[b] (the D2H lane is FIFO, so completion times never decrease).
+        self.store: OrderedDict[int, int] = OrderedDict()
+        self.batch_done: list[float] = []
         self.pins: dict[int, int] = {}  # key -> loads in flight reading it
         self.d2h_free_ms = 0.0
         self.h2d_free_ms = 0.0
-        self._batch_keys: list[int] = []
+        self._batch_size = 0  # blocks prepared in the current step
         self._batch_reqs: list[Request] = []
         self._deferred_free: list[tuple[float, int, Request]] = []
         self._loads: list[tuple[float, int]] = []  # (ready time, request idx) of loads in flight
@@ -79,33 +78,39 @@ class OffloadManager:
         bs, la = self.block_size, self.lookahead
         return [pk((m + 1) * bs + la) for m in range(m0, m1)]
 
-    def _victims(self, needed: int, protected: list[int]) -> list[int] | None:
+    def _first_unready_batch(self, now_ms: float) -> int:
+        """Batches below this id have completed their copies by ``now_ms``."""
+        return bisect_right(self.batch_done, now_ms)
+
+    def _victims(self, needed: int, protected: list[int] | None, now_ms: float) -> list[int] | None:
         """The ``needed`` least recent blocks that may go, or None if there are not enough.
 
         Like vLLM's LRUOffloadingManager.prepare_store: never a block being loaded (pinned) or
-        still being written, nor one of the keys this store names. The common case (nothing of
-        the sort at the LRU front) is a couple of C-level passes, not a Python loop per block.
+        still being written, nor one of the keys this store names (``protected``). The common case
+        (nothing of the sort at the LRU front) is a couple of C-level passes, not a Python loop.
         """
         store = self.store
-        front = list(islice(store.items(), needed))
+        ready_below = self._first_unready_batch(now_ms)
         pins = self.pins
-        if len(front) == needed and _PENDING not in map(_second, front):
-            victims = list(map(_first, front))
-            if (not pins or pins.keys().isdisjoint(victims)) and set(victims).isdisjoint(protected):
-                return victims
-        keep = set(protected)
+        victims = list(islice(store, needed))
+        if len(victims) == needed and max(islice(store.values(), needed)) < ready_below and (
+                not pins or pins.keys().isdisjoint(victims)) and (
+                protected is None or set(victims).isdisjoint(protected)):
+            return victims
+        keep = set(protected or ())
         victims = []
-        for key, ready in store.items():
-            if ready != _PENDING and key not in pins and key not in keep:
+        for key, batch in store.items():
+            if batch < ready_below and key not in pins and key not in keep:
                 victims.append(key)
                 if len(victims) == needed:
                     return victims
         return None
 
-    def prepare_stores(self, scheduled: list[Request]) -> None:
+    def prepare_stores(self, scheduled: list[Request], now_ms: float) -> None:
         store = self.store
         bs, la = self.block_size, self.lookahead
         capacity = self.num_cpu_blocks
+        batch = len(self.batch_done)  # this step's batch id
         for r in scheduled:
             known = r.num_prompt_tokens + r.num_output_tokens
             tokens = r.num_computed_tokens if r.num_computed_tokens < known else known
@@ -115,9 +120,10 @@ class OffloadManager:
                 continue
             keys = self._keys(r, m, full)
             new = list(filterfalse(store.__contains__, keys))  # keys already on the CPU are skipped
+            all_new = len(new) == len(keys)
             need = len(new) - (capacity - len(store))
             if need > 0:
-                victims = self._victims(need, keys)
+                victims = self._victims(need, None if all_new else keys, now_ms)
                 if victims is None:  # vLLM's prepare_store returns None: nothing stored, retried later
                     self.store_skipped_full += len(new)
                     continue
@@ -125,35 +131,35 @@ class OffloadManager:
                 self.total_cpu_evictions += len(victims)
             # The call's keys end at the LRU tail in reverse, so the prefix head is most recent
             # (vLLM touches them after preparing the store).
-            if len(new) == len(keys):
-                store.update(zip(reversed(keys), repeat(_PENDING)))
+            if all_new:
+                store.update(zip(reversed(keys), repeat(batch)))
             else:
                 for key in reversed(keys):
                     if key in store:
                         store.move_to_end(key)
                     else:
-                        store[key] = _PENDING
+                        store[key] = batch
             r.num_stored_offload_blocks = full
             if new:
-                self._batch_keys.extend(new)
+                self._batch_size += len(new)
                 self._batch_reqs.append(r)
 
     def step_executed(self, start_ms: float, end_ms: float) -> None:
         """The forward pass ran from start to end: this step's stores start on the D2H lane."""
-        keys = self._batch_keys
-        if not keys:
+        n = self._batch_size
+        if not n:
             return
-        nbytes = len(keys) * self.block_bytes
+        nbytes = n * self.block_bytes
         begin = end_ms if end_ms > self.d2h_free_ms else self.d2h_free_ms
         done = begin + self.latency_ms + nbytes * self.d2h_ms_per_byte
         self.d2h_free_ms = done
-        self.store.update(zip(keys, repeat(done)))  # pending blocks are never evicted: all present
+        self.batch_done.append(done)
         for r in self._batch_reqs:
             if done > r.stores_done_ms:
                 r.stores_done_ms = done
         self._step_stored += nbytes
-        self.total_stored_blocks += len(keys)
-        self._batch_keys = []
+        self.total_stored_blocks += n
+        self._batch_size = 0
         self._batch_reqs = []
 
     def request_finished(self, r: Request, end_ms: float) -> None:
@@ -184,9 +190,10 @@ class OffloadManager:
         start = num_local // bs
         hits = 0
         get = store.get
+        ready_below = self._first_unready_batch(now_ms)
         for key in islice(keys, start, None):
-            ready = get(key)
-            if ready is None or ready > now_ms:
+            batch = get(key)
+            if batch is None or batch >= ready_below:
                 break
             hits += 1
         if not hits:
@@ -245,13 +252,9 @@ class OffloadManager:
         used = len(self.store)
         return stored, loaded, used, used / self.num_cpu_blocks
 
-    def gpu_refs_held(self) -> dict[int, int]:
-        """Blocks still referenced by finished requests waiting for their stores (debug checks)."""
-        held: dict[int, int] = {}
-        for _, _, r in self._deferred_free:
-            for b in r.block_ids:
-                held[b] = held.get(b, 0) + 1
-        return held
+    def requests_holding_blocks(self) -> list[Request]:
+        """Finished requests whose GPU blocks wait for their stores (debug checks)."""
+        return [r for _, _, r in self._deferred_free]
 
     def totals(self) -> dict[str, int]:
         return {

@@ -185,7 +185,7 @@ class Scheduler:
         out.decode_ctx_tokens = dec_ctx
         out.total_tokens = pre_tok + dec_q
         if self.offload is not None and sched_reqs:
-            self.offload.prepare_stores(sched_reqs)
+            self.offload.prepare_stores(sched_reqs, now_ms)
         return out
 
     def _schedule_waiting(self, now_ms: float, budget: int, sched_reqs: list[Request],

@@ -204,16 +204,20 @@ class Simulator:
             assert out.total_tokens <= lim.max_num_batched_tokens, "token budget exceeded"
         assert len(self.sched.running) <= lim.max_num_seqs, "max_num_seqs exceeded"
         pool = self.sched.kv.pool
-        pool.check_invariants()
         holders: dict[int, int] = {}
-        reqs = list(self.sched.running) + [r for r in self.sched.waiting if r.block_ids]
-        for r in reqs:
-            for b in r.block_ids:
-                holders[b] = holders.get(b, 0) + 1
+        in_use_keys: dict[int, int | None] = {}
         off = self.sched.offload
-        extra = off.gpu_refs_held() if off is not None else {}
-        for b, c in extra.items():
-            holders[b] = holders.get(b, 0) + c
+        reqs = list(self.sched.running) + [r for r in self.sched.waiting if r.block_ids]
+        if off is not None:
+            reqs += off.requests_holding_blocks()
+        for r in reqs:
+            keys = r.keys.block_keys(0, r.num_cached_blocks)
+            for j, b in enumerate(r.block_ids):
+                holders[b] = holders.get(b, 0) + 1
+                key = keys[j] if j < len(keys) else None
+                if in_use_keys.get(b) is None:
+                    in_use_keys[b] = key
+        pool.check_invariants(in_use_keys)
         for b in range(1, pool.num_gpu_blocks):
             assert pool.ref_cnt(b) == holders.get(b, 0), (
                 f"block {b}: ref_cnt {pool.ref_cnt(b)} but held {holders.get(b, 0)} times")
