@@ -25,6 +25,7 @@ from engine.request import Request
 from engine.trace_input import TraceArrays
 
 _ROW_GROUP = 1 << 20
+_STEP_ROWS_BUFFERED = 1 << 16  # step rows are Python tuples until flushed: keep the buffer small
 
 # Parquet writer settings fixed here so that identical runs give identical bytes.
 _PARQUET_OPTS = dict(compression="zstd", write_statistics=True, use_dictionary=True)
@@ -81,14 +82,14 @@ class Recorder:
     def record_steps(self, rows: list[tuple]) -> None:
         self._step_rows.extend(rows)
         self.num_steps += len(rows)
-        if len(self._step_rows) >= _ROW_GROUP:
+        if len(self._step_rows) >= _STEP_ROWS_BUFFERED:
             self._flush_steps()
 
     def record_step(self, values: tuple) -> None:
         """One row of steps.parquet, in STEPS_SCHEMA column order."""
         self._step_rows.append(values)
         self.num_steps += 1
-        if len(self._step_rows) >= _ROW_GROUP:
+        if len(self._step_rows) >= _STEP_ROWS_BUFFERED:
             self._flush_steps()
 
     def request_finished(self, r: Request) -> None:
