@@ -7,6 +7,11 @@ every step and chunk, and performs every block allocation and prefix-cache regis
 step where the scheduler would (in the same order). The outputs are byte-identical to stepping one
 by one (tests/test_engine_fast_forward.py checks this).
 
+Registering a block that decoding just filled is deferred to the request's next allocate_slots
+call (its next new block, or the scheduler's next step for it): such a block ends past the prompt,
+so its key is unique to the request and no other request can look it up or share it, and nobody
+is admitted inside a window. The deferral is therefore invisible in every output.
+
 A window applies only when the step-by-step scheduler could make no other decision: nothing is
 waiting, no arrival or other event falls before the step starts, every running request is
 decoding without drafts, the batch fits the token budget, and no request finishes inside the
@@ -24,14 +29,9 @@ from engine.recorder import Recorder
 from engine.scheduler import Scheduler
 
 
-def _next_event_step(r, base: int, bs: int, caching: bool) -> int:
-    """Window step at which ``r`` next needs allocate_slots (a new block, or a block to cache)."""
-    s_alloc = bs * len(r.block_ids) - base  # the step that computes token number bs*len + 1
-    if caching:
-        s_cache = bs * (r.num_cached_blocks + 1) - 1 - base  # the step that fills the next block
-        if s_cache < s_alloc:
-            return s_cache
-    return s_alloc
+def _next_alloc_step(r, base: int, bs: int) -> int:
+    """Window step at which ``r`` needs a new block (it computes token number bs * held + 1)."""
+    return bs * len(r.block_ids) - base
 
 
 def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next_event_ms: float,
@@ -60,16 +60,17 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
 
     kv = sched.kv
     bs = kv.block_size
-    caching = kv.enable_caching
     pool = kv.pool
     usable = pool.num_gpu_blocks - 1
     base = [r.num_computed_tokens for r in running]
     out0 = [r.num_output_tokens for r in running]
     ctx = sum(base) + nrun  # decode attention context of the first window step
-    events = [(_next_event_step(r, b, bs, caching), pos) for pos, (r, b) in enumerate(zip(running, base))]
+    events = [(_next_alloc_step(r, b, bs), pos) for pos, (r, b) in enumerate(zip(running, base))]
     heapq.heapify(events)
-    ends: list[float] = []
-    rows: list[tuple] = []
+    starts: list[float] = []
+    durations: list[float] = []
+    kv_usage: list[float] = []
+    kv_used: list[int] = []
     t = now
     s = 0
     stop = False
@@ -83,15 +84,16 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
             if not kv.allocate_slots(r, 1, None, 0):
                 stop = True
                 break
-            heapq.heapreplace(events, (_next_event_step(r, base[pos], bs, caching), pos))
+            heapq.heapreplace(events, (_next_alloc_step(r, base[pos], bs), pos))
             free = pool.get_num_free_blocks()
         if stop:
             break
         dur = step_ms(0, 0, 0, 0, nrun, nrun, ctx, 0)
-        rows.append((step_idx + s, t, dur, nrun, 0, 0, nrun, nrun, 0, 0, 1.0 - free / usable, usable - free,
-                     0, 0, 0, 0, 0, 0.0))
+        starts.append(t)
+        durations.append(dur)
+        kv_usage.append(1.0 - free / usable)
+        kv_used.append(usable - free)
         t += dur
-        ends.append(t)
         ctx += nrun
         s += 1
     if s == 0:
@@ -102,7 +104,8 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     for pos, r in enumerate(running):
         r.num_computed_tokens = base[pos] + s
         r.num_output_tokens = out0[pos] + s
-    rec.record_steps(rows)
+    rec.record_decode_window(step_idx, starts, durations, nrun, kv_usage, kv_used)
     idx = np.fromiter((r.idx for r in running), dtype=np.int32, count=nrun)
-    rec.emit_chunk_arrays(np.tile(idx, s), np.repeat(np.asarray(ends), nrun), np.ones(s * nrun, np.int32))
+    ends = np.asarray(starts) + np.asarray(durations)  # the same float sums as t += dur
+    rec.emit_chunk_arrays(np.tile(idx, s), np.repeat(ends, nrun), np.ones(s * nrun, np.int32))
     return t, s

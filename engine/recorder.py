@@ -7,6 +7,7 @@ finishes); chunks and steps stream into Parquet row groups so memory stays bound
 from __future__ import annotations
 
 from array import array
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +56,7 @@ class Recorder:
         self._chunk_req = array("i")
         self._chunk_time = array("d")
         self._chunk_tokens = array("i")
-        self._step_rows: list[tuple] = []
+        self._step_cols: list[list] = [[] for _ in STEPS_SCHEMA]  # one list per steps.parquet column
         self._request_ids = pa.array(trace.request_id, pa.string())
         self._chunk_writer = pq.ParquetWriter(outdir / "chunks.parquet", CHUNKS_SCHEMA, **_PARQUET_OPTS)
         self._step_writer = pq.ParquetWriter(outdir / "steps.parquet", STEPS_SCHEMA, **_PARQUET_OPTS)
@@ -79,17 +80,30 @@ class Recorder:
         if len(self._chunk_req) >= _ROW_GROUP:
             self._flush_chunks()
 
-    def record_steps(self, rows: list[tuple]) -> None:
-        self._step_rows.extend(rows)
-        self.num_steps += len(rows)
-        if len(self._step_rows) >= _STEP_ROWS_BUFFERED:
-            self._flush_steps()
-
     def record_step(self, values: tuple) -> None:
         """One row of steps.parquet, in STEPS_SCHEMA column order."""
-        self._step_rows.append(values)
+        for col, v in zip(self._step_cols, values):
+            col.append(v)
         self.num_steps += 1
-        if len(self._step_rows) >= _STEP_ROWS_BUFFERED:
+        if len(self._step_cols[0]) >= _STEP_ROWS_BUFFERED:
+            self._flush_steps()
+
+    def record_decode_window(self, first_step: int, starts: list[float], durations: list[float],
+                             num_running: int, kv_usage: list[float], kv_used: list[int]) -> None:
+        """Rows for a run of decode-only steps (engine/decode_window.py), column by column."""
+        n = len(starts)
+        c = self._step_cols
+        c[0].extend(range(first_step, first_step + n))
+        c[1].extend(starts)
+        c[2].extend(durations)
+        for j, value in ((3, num_running), (4, 0), (5, 0), (6, num_running), (7, num_running), (8, 0), (9, 0)):
+            c[j].extend(repeat(value, n))
+        c[10].extend(kv_usage)
+        c[11].extend(kv_used)
+        for j in range(12, len(c)):
+            c[j].extend(repeat(0, n))
+        self.num_steps += n
+        if len(c[0]) >= _STEP_ROWS_BUFFERED:
             self._flush_steps()
 
     def request_finished(self, r: Request) -> None:
@@ -137,14 +151,12 @@ class Recorder:
         self._chunk_tokens = array("i")
 
     def _flush_steps(self) -> None:
-        if not self._step_rows:
+        if not self._step_cols[0]:
             return
-        # One float64 matrix: every step field is an integer below 2**53 or a float, so the
-        # round trip is exact.
-        matrix = np.array(self._step_rows, dtype=np.float64)
-        arrays = [pa.array(matrix[:, j].astype(f.type.to_pandas_dtype())) for j, f in enumerate(STEPS_SCHEMA)]
+        arrays = [pa.array(np.asarray(col, dtype=f.type.to_pandas_dtype()))
+                  for col, f in zip(self._step_cols, STEPS_SCHEMA)]
         self._step_writer.write_table(pa.Table.from_arrays(arrays, schema=STEPS_SCHEMA), row_group_size=_ROW_GROUP)
-        self._step_rows = []
+        self._step_cols = [[] for _ in STEPS_SCHEMA]
 
     def close(self) -> None:
         self._flush_chunks()
