@@ -27,7 +27,7 @@ class BlockKeys:
     """Block keys for one request. Keys are plain ints (fast dict keys); unique keys are negative."""
 
     __slots__ = ("ids", "start", "end", "hash_block_size", "block_size", "input_tokens",
-                 "unique_tag", "lookahead")
+                 "unique_tag", "lookahead", "_memo")
 
     def __init__(self, ids: list[int], start: int, end: int, hash_block_size: int | None,
                  block_size: int, input_tokens: int, unique_tag: int, lookahead: int = 0) -> None:
@@ -39,6 +39,14 @@ class BlockKeys:
         self.input_tokens = input_tokens if end > start and hash_block_size else 0
         self.unique_tag = unique_tag
         self.lookahead = lookahead
+        self._memo: list[int] = []  # keys of blocks 0..len-1, computed once, sliced after
+
+    def keys_upto(self, j1: int) -> list[int]:
+        """Keys of blocks 0..j1-1, memoised: the GPU cache, the G2 tier and frees all ask for them."""
+        memo = self._memo
+        if j1 > len(memo):
+            memo.extend(self.block_keys(len(memo), j1))
+        return memo
 
     def prefix_key(self, t: int) -> int:
         """Identity of the first ``t`` tokens (t >= 1) of this request."""

@@ -48,7 +48,8 @@ class KVCacheManager:
         cached_get = self.pool.cached.get
         j = 0
         while j < limit:
-            batch = req.keys.block_keys(j, min(limit, j + _KEY_BATCH))
+            end = min(limit, j + _KEY_BATCH)
+            batch = req.keys.keys_upto(end)[j:end]
             for key in batch:
                 b = cached_get(key)
                 if b is None:
@@ -103,7 +104,7 @@ class KVCacheManager:
             num_full = (tokens_to_cache - self.hash_lookahead) // bs
             start = req.num_cached_blocks
             if num_full > start:
-                pool.cache_full_blocks(req.block_ids[start:num_full], req.keys.block_keys(start, num_full))
+                pool.cache_full_blocks(req.block_ids[start:num_full], req.keys.keys_upto(num_full)[start:num_full])
                 req.num_cached_blocks = num_full
         return True
 
@@ -112,7 +113,7 @@ class KVCacheManager:
         blocks = req.block_ids
         if blocks:
             n = req.num_cached_blocks
-            keys: list[int | None] = req.keys.block_keys(0, n) if n else []
+            keys: list[int | None] = req.keys.keys_upto(n)[:n] if n else []
             if len(blocks) > n:
                 keys.extend([None] * (len(blocks) - n))
             blocks.reverse()

@@ -73,7 +73,7 @@ class OffloadManager:
         """CPU keys of offload blocks m0..m1-1 of ``r``."""
         f = self.block_size // self.kv.block_size
         if f == 1:
-            return r.keys.block_keys(m0, m1)
+            return r.keys.keys_upto(m1)[m0:m1]
         pk = r.keys.prefix_key
         bs, la = self.block_size, self.lookahead
         return [pk((m + 1) * bs + la) for m in range(m0, m1)]
