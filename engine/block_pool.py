@@ -122,13 +122,16 @@ class BlockPool:
         if not shared:
             fq.update(zip(blocks_in_eviction_order, keys))
             return
+        # Append everything, then take back the blocks other holders still reference: the order of
+        # the rest is unchanged and the common blocks cost one C-level insert each.
+        fq.update(zip(blocks_in_eviction_order, keys))
         for b in shared:  # other holders remain: drop one reference, keep the block in use
+            del fq[b]
             c = extra[b]
             if c == 1:
                 del extra[b]
             else:
                 extra[b] = c - 1
-        fq.update([(b, k) for b, k in zip(blocks_in_eviction_order, keys) if b not in shared])
 
     def cache_full_blocks(self, blocks: list[int], keys: list[int]) -> None:
         """Register newly full blocks under their keys (at scheduling time, as vLLM does)."""

@@ -33,3 +33,7 @@ for _name in _COMMAND_MODULES:
 
 def main() -> None:  # pragma: no cover - console entry
     app()
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m replay.cli`
+    main()

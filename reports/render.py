@@ -178,8 +178,9 @@ def render_report(m: RunMetrics, info: dict[str, Any], outdir: Path, charts: dic
     config = info.get("config") or {}
     trace = info.get("trace") or {}
     t = m.throughput
+    source = (trace.get("metadata") or {}).get("source_file") or Path(str(trace.get("path", "?"))).name
     lines = [f"# Replay report: `{outdir.name}`", "",
-             f"{num(t['requests'], 'count')} requests from `{Path(str(trace.get('path', '?'))).name}` replayed on "
+             f"{num(t['requests'], 'count')} requests from `{Path(str(source)).name}` replayed on "
              f"{config.get('model', '?')} / {config.get('hardware', '?')} (TP {config.get('tensor_parallel_size', '?')}), "
              f"timing backend `{(info.get('timing') or {}).get('backend', '?')}`: "
              f"{num(t['completed'], 'count')} finished, {num(t['rejected'], 'count')} rejected, "
