@@ -67,6 +67,15 @@ class BlockPool:
         fq = self.free_queue
         if n > len(fq):
             raise RuntimeError(f"cannot allocate {n} blocks: only {len(fq)} free")
+        if n == 1:  # a decode crossing a block boundary: the common case, kept scalar
+            b, key = fq.popitem(False)
+            if key is not None:
+                self.num_evictions += 1
+                if self.dups:
+                    self._evict(b, key)
+                else:
+                    del self.cached[key]
+            return [b]
         popped = list(map(fq.popitem, repeat(False, n)))
         out = list(map(_first, popped))
         keys = list(filter(None, map(_second, popped)))  # cached blocks carry their key; keys are never 0
@@ -136,6 +145,13 @@ class BlockPool:
     def cache_full_blocks(self, blocks: list[int], keys: list[int]) -> None:
         """Register newly full blocks under their keys (at scheduling time, as vLLM does)."""
         cached = self.cached
+        if len(keys) == 1:
+            key = keys[0]
+            if key in cached:
+                self.dups.setdefault(key, []).append(blocks[0])
+            else:
+                cached[key] = blocks[0]
+            return
         if cached.keys().isdisjoint(keys):
             cached.update(zip(keys, blocks))
             return

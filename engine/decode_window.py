@@ -69,6 +69,7 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     heapq.heapify(events)
     starts: list[float] = []
     durations: list[float] = []
+    ends: list[float] = []
     kv_usage: list[float] = []
     kv_used: list[int] = []
     t = now
@@ -94,6 +95,7 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
         kv_usage.append(1.0 - free / usable)
         kv_used.append(usable - free)
         t += dur
+        ends.append(t)
         ctx += nrun
         s += 1
     if s == 0:
@@ -106,6 +108,5 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
         r.num_output_tokens = out0[pos] + s
     rec.record_decode_window(step_idx, starts, durations, nrun, kv_usage, kv_used)
     idx = np.fromiter((r.idx for r in running), dtype=np.int32, count=nrun)
-    ends = np.asarray(starts) + np.asarray(durations)  # the same float sums as t += dur
-    rec.emit_chunk_arrays(np.tile(idx, s), np.repeat(ends, nrun), np.ones(s * nrun, np.int32))
+    rec.emit_chunk_arrays(np.tile(idx, s), np.repeat(np.array(ends), nrun), np.ones(s * nrun, np.int32))
     return t, s

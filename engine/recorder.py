@@ -29,7 +29,8 @@ _ROW_GROUP = 1 << 20
 _STEP_ROWS_BUFFERED = 1 << 16  # step rows are Python tuples until flushed: keep the buffer small
 
 # Parquet writer settings fixed here so that identical runs give identical bytes.
-_PARQUET_OPTS = dict(compression="zstd", write_statistics=True, use_dictionary=True)
+# Snappy: the outputs are written once and read a few times; snappy writes 2-3x faster than zstd here.
+_PARQUET_OPTS = dict(compression="snappy", write_statistics=True, use_dictionary=True)
 
 
 class Recorder:
