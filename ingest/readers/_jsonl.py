@@ -29,6 +29,33 @@ def open_binary(path: Path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
+def json_objects(path: Path, skip: int = 0) -> Iterator[tuple[int, int, dict | None, Rejection | None]]:
+    """(record index, line number, object, None) for each JSON object line from record ``skip`` on,
+    or (record, line, None, rejection) for a line that is not valid JSON or not an object.
+
+    Blank lines are not records.
+    """
+    record = -1
+    with open_binary(path) as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            record += 1
+            if record < skip:
+                continue
+            try:
+                obj = json.loads(raw)
+            except ValueError as exc:
+                yield record, lineno, None, Rejection(record, "<json>", f"invalid JSON: {exc}", lineno,
+                                                      {"text": raw.decode("utf-8", "replace")[:200]})
+                continue
+            if not isinstance(obj, dict):
+                yield record, lineno, None, Rejection(record, "<json>", "line is not a JSON object", lineno,
+                                                      {"text": raw.decode("utf-8", "replace")[:200]})
+                continue
+            yield record, lineno, obj, None
+
+
 def first_record(path: Path) -> dict[str, Any] | None:
     """The first non-blank line parsed as JSON, or None (used by format detection)."""
     with open_binary(path) as fh:
@@ -118,43 +145,29 @@ class JsonlSource:
         lines: list[int] = []
         rows: list[int] = []
         rejections: list[Rejection] = []
-        record = -1
-        with open_binary(self.path) as fh:
-            for lineno, raw in enumerate(fh, start=1):
-                if not raw.strip():
-                    continue
-                record += 1
-                if record < skip:
-                    continue
-                try:
-                    obj = json.loads(raw)
-                except ValueError as exc:
-                    rejections.append(Rejection(record, "<json>", f"invalid JSON: {exc}", lineno,
-                                                {"text": raw.decode("utf-8", "replace")[:200]}))
-                    continue
-                if not isinstance(obj, dict):
-                    rejections.append(Rejection(record, "<json>", "line is not a JSON object", lineno,
-                                                {"text": raw.decode("utf-8", "replace")[:200]}))
-                    continue
-                values = []
-                bad = False
-                for name, typ in zip(names, types, strict=True):
-                    value, reason = _coerce(obj.get(name), typ)
-                    if reason is not None:
-                        rejections.append(Rejection(record, name, reason, lineno, obj))
-                        bad = True
-                        break
-                    values.append(value)
-                if bad:
-                    continue
-                for col, value in zip(cols, values, strict=True):
-                    col.append(value)
-                lines.append(lineno)
-                rows.append(record)
-                if len(lines) >= _PY_BATCH:
-                    yield (self._table(cols, types), pa.array(rows, pa.int64()), rejections,
-                           pa.array(lines, pa.int64()))
-                    cols, lines, rows, rejections = [[] for _ in names], [], [], []
+        for record, lineno, obj, rejection in json_objects(self.path, skip):
+            if rejection is not None:
+                rejections.append(rejection)
+                continue
+            values = []
+            bad = False
+            for name, typ in zip(names, types, strict=True):
+                value, reason = _coerce(obj.get(name), typ)
+                if reason is not None:
+                    rejections.append(Rejection(record, name, reason, lineno, obj))
+                    bad = True
+                    break
+                values.append(value)
+            if bad:
+                continue
+            for col, value in zip(cols, values, strict=True):
+                col.append(value)
+            lines.append(lineno)
+            rows.append(record)
+            if len(lines) >= _PY_BATCH:
+                yield (self._table(cols, types), pa.array(rows, pa.int64()), rejections,
+                       pa.array(lines, pa.int64()))
+                cols, lines, rows, rejections = [[] for _ in names], [], [], []
         if lines or rejections:
             yield self._table(cols, types), pa.array(rows, pa.int64()), rejections, pa.array(lines, pa.int64())
 

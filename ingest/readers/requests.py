@@ -22,7 +22,7 @@ import pyarrow as pa
 from ..columns import parse_time_ms
 from ..hashing import Tokenizer, chain_hash_blocks, render_messages
 from ..rejections import Rejection
-from ._jsonl import _I64_MAX, open_binary
+from ._jsonl import _I64_MAX, json_objects
 from .base import Reader, ReaderInfo, Staged, staged_table
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default KV block size: exact identity at the engine's granularity
@@ -145,7 +145,8 @@ class RequestsReader(Reader):
             reasons = dict(bad)
             for i in bad_idx:
                 rejections.append(Rejection(rows[i], "timestamp", reasons[i], lines[i], {"timestamp": raw_t[i]}))
-            keep = [i not in set(bad_idx) for i in range(len(rows))]
+            bad_set = set(bad_idx)
+            keep = [i not in bad_set for i in range(len(rows))]
             table = table.filter(pa.array(keep))
         return table, rejections
 
@@ -154,31 +155,20 @@ class RequestsReader(Reader):
         rows: list[int] = []
         lines: list[int] = []
         rejections: list[Rejection] = []
-        record = -1
-        with open_binary(self.path) as fh:
-            for lineno, raw in enumerate(fh, start=1):
-                if not raw.strip():
-                    continue
-                record += 1
-                try:
-                    obj = json.loads(raw)
-                except ValueError as exc:
-                    rejections.append(Rejection(record, "<json>", f"invalid JSON: {exc}", lineno,
-                                                {"text": raw.decode("utf-8", "replace")[:200]}))
-                    continue
-                if not isinstance(obj, dict):
-                    rejections.append(Rejection(record, "<json>", "line is not a JSON object", lineno, None))
-                    continue
-                try:
-                    rows_out.append(self._row(obj))
-                except _Bad as bad:
-                    rejections.append(Rejection(record, bad.field, bad.reason, lineno,
-                                                {k: v for k, v in obj.items() if k not in ("prompt", "messages")}))
-                    continue
-                rows.append(record)
-                lines.append(lineno)
-                if len(rows) >= _BATCH:
-                    yield self._flush(rows_out, rows, lines, rejections)
-                    rows_out, rows, lines, rejections = [], [], [], []
+        for record, lineno, obj, rejection in json_objects(self.path):
+            if rejection is not None:
+                rejections.append(rejection)
+                continue
+            try:
+                rows_out.append(self._row(obj))
+            except _Bad as bad:
+                rejections.append(Rejection(record, bad.field, bad.reason, lineno,
+                                            {k: v for k, v in obj.items() if k not in ("prompt", "messages")}))
+                continue
+            rows.append(record)
+            lines.append(lineno)
+            if len(rows) >= _BATCH:
+                yield self._flush(rows_out, rows, lines, rejections)
+                rows_out, rows, lines, rejections = [], [], [], []
         if rows or rejections:
             yield self._flush(rows_out, rows, lines, rejections)
