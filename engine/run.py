@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -52,8 +52,10 @@ def resolve_setup(config: EngineConfig) -> EngineSetup:
     cap = resolve_num_gpu_blocks(config)
     timer = build_timer(config)
     max_model_len = config.max_model_len or int(model.max_position_embeddings)
-    uncal = list(getattr(timer, "uncalibrated", ["host_overhead_ms"]))
-    detail = {k: v for k, v in vars(cap).items() if k not in ("num_gpu_blocks", "source")} if hasattr(cap, "__dict__") else {}
+    # The per-step host overhead is a guess (docs/timing.md) unless the user set it or fitted it.
+    user_set = config.timing.host_overhead_ms is not None or config.timing.profile is not None
+    uncal = [] if user_set else ["host_overhead_ms"]
+    detail = {k: v for k, v in asdict(cap).items() if k not in ("num_gpu_blocks", "source") and v is not None}
     return EngineSetup(num_gpu_blocks=int(cap.num_gpu_blocks), capacity_source=str(cap.source),
                        max_model_len=max_model_len, timer=timer,
                        kv_bytes_per_token=int(kv_bytes_per_token(config)), uncalibrated=uncal,
