@@ -1,8 +1,15 @@
 """Run one simulator as a whole process and measure what a user waits for: wall time and peak memory.
 
-Peak memory is taken two ways, because AISimulate may work in child processes:
-- ``peak_rss_tree_mib``: the largest sum of RSS over the process and all its descendants, polled;
-- ``max_rss_mib``: ``ru_maxrss`` from ``wait4`` (the largest single process, reaped children included).
+Peak memory is polled from /proc over the process and all its descendants (AISimulate may work in
+child processes):
+- ``peak_rss_tree_mib``, the figure reported: the larger of the polled tree RSS sum and the polled
+  sum of each process's ``VmHWM`` (its own peak RSS since exec, so a peak between two polls is not
+  missed; exact for a single process, an upper bound for several);
+- ``max_rss_mib``: ``ru_maxrss`` from ``wait4``, kept for the record but NOT used. On Linux a child
+  started by fork/vfork + exec inherits the *parent's* high-water RSS into ``ru_maxrss``
+  (``exec_mmap`` folds the old mm's hiwater into ``signal->maxrss``), so after the harness itself has
+  grown (reading a 100k-request result) every later child reported the harness's peak: a ``true``
+  started from a 627 MiB Python process reports ``ru_maxrss`` 627 MiB.
 """
 
 from __future__ import annotations
@@ -36,18 +43,32 @@ class ProcessResult:
         return asdict(self)
 
 
-def _tree_rss(proc: psutil.Process) -> int:
-    total = 0
+def _hwm_bytes(pid: int) -> int:
+    """``VmHWM`` of one process from /proc (0 when it is gone or the field is absent)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _tree_memory(proc: psutil.Process) -> tuple[int, int]:
+    """(sum of current RSS, sum of VmHWM) over ``proc`` and its descendants, in bytes."""
+    rss = hwm = 0
     try:
         procs = [proc, *proc.children(recursive=True)]
     except psutil.Error:
-        return 0
+        return 0, 0
     for p in procs:
         try:
-            total += p.memory_info().rss
+            rss += p.memory_info().rss
         except psutil.Error:
-            pass
-    return total
+            continue
+        hwm += _hwm_bytes(p.pid)
+    return rss, hwm
 
 
 def run_measured(command: list[str], *, log_dir: Path, name: str, timeout_s: float,
@@ -62,14 +83,15 @@ def run_measured(command: list[str], *, log_dir: Path, name: str, timeout_s: flo
             ps: psutil.Process | None = psutil.Process(proc.pid)
         except psutil.Error:
             ps = None
-        peak, timed_out = 0, False
+        peak, peak_hwm, timed_out = 0, 0, False
         while True:
             # wait4 instead of Popen.wait: it also returns the child's resource usage (ru_maxrss).
             done, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if done:
                 break
             if ps is not None:
-                peak = max(peak, _tree_rss(ps))
+                rss, hwm = _tree_memory(ps)
+                peak, peak_hwm = max(peak, rss), max(peak_hwm, hwm)
             if time.perf_counter() - start > timeout_s:
                 timed_out = True
                 _kill_tree(ps, proc.pid)
@@ -79,8 +101,8 @@ def run_measured(command: list[str], *, log_dir: Path, name: str, timeout_s: flo
         wall = time.perf_counter() - start
     code = os.waitstatus_to_exitcode(status)
     proc.returncode = code  # reaped by wait4 above; keep Popen from waiting again
-    max_rss = usage.ru_maxrss / 1024.0  # Linux reports KiB
-    return ProcessResult(command, code, wall, max(peak / 2**20, max_rss), max_rss, str(out_path), str(err_path),
+    max_rss = usage.ru_maxrss / 1024.0  # Linux reports KiB; includes the harness's own peak (module doc)
+    return ProcessResult(command, code, wall, max(peak, peak_hwm) / 2**20, max_rss, str(out_path), str(err_path),
                          timed_out)
 
 

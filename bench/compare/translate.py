@@ -210,8 +210,14 @@ def translate(cfg: EngineConfig, traffic: PeerTraffic) -> Translation:
         notes.append("timing: ours = roofline, AISimulate = aiconfigurator op-level database (target: within 20%)")
     else:
         notes.append("timing: both use aiconfigurator-core's H200 database (target: within 10%)")
-    if cfg.timing.profile is not None or cfg.timing.host_overhead_ms is not None:
-        notes.append("timing.profile / timing.host_overhead_ms apply to ours only")
+    if cfg.timing.profile is not None:
+        notes.append(f"timing.profile={cfg.timing.profile!r} applies to ours only")
+    if cfg.timing.host_overhead_ms is not None:
+        # Not refused: AISimulate has no such key and adds no per-step host time (docs/fidelity.md),
+        # so 0.0 is the like-for-like setting and any other value is a difference on our side only.
+        same = " (the like-for-like setting: AISimulate adds no per-step host time)" \
+            if cfg.timing.host_overhead_ms == 0.0 else ""
+        notes.append(f"timing.host_overhead_ms={cfg.timing.host_overhead_ms} applies to ours only{same}")
 
     peer = {
         "traffic": {
