@@ -54,6 +54,7 @@ class OffloadManager:
         # batch_done[b] (the D2H lane is FIFO, so completion times never decrease).
         self.store: OrderedDict[int, int] = OrderedDict()
         self.batch_done: list[float] = []
+        self.version = 0  # bumped by every change to the store's contents or LRU order
         self.pins: dict[int, int] = {}  # key -> loads in flight reading it
         self.d2h_free_ms = 0.0
         self.h2d_free_ms = 0.0
@@ -129,6 +130,7 @@ class OffloadManager:
                     continue
                 deque(map(store.__delitem__, victims), 0)
                 self.total_cpu_evictions += len(victims)
+            self.version += 1
             # The call's keys end at the LRU tail in reverse, so the prefix head is most recent
             # (vLLM touches them after preparing the store).
             if all_new:
@@ -183,19 +185,24 @@ class OffloadManager:
             return 0
         store = self.store
         keys = self._keys(r, 0, num_blocks)
-        for key in list(filter(store.__contains__, reversed(keys))):
-            store.move_to_end(key)
+        memo = r.lookup_memo
+        ready_below = self._first_unready_batch(now_ms)
+        start = num_local // bs
+        if memo is not None and memo[0] == self.version and memo[4] == num_blocks:
+            # Nothing touched the store since this request's own last lookup: its keys are still the
+            # LRU tail in touch order (touching again changes nothing), and the hit count only needs
+            # recomputing if more copies completed.
+            if memo[1] == ready_below and memo[2] == start:
+                hits = memo[3]
+            else:
+                hits = self._count_ready(keys, start, ready_below)
+        else:
+            deque(map(store.move_to_end, list(filter(store.__contains__, reversed(keys)))), 0)
+            self.version += 1
+            hits = self._count_ready(keys, start, ready_below)
+        r.lookup_memo = (self.version, ready_below, start, hits, num_blocks)
         if num_blocks * bs - num_local < bs:
             return 0
-        start = num_local // bs
-        hits = 0
-        get = store.get
-        ready_below = self._first_unready_batch(now_ms)
-        for key in islice(keys, start, None):
-            batch = get(key)
-            if batch is None or batch >= ready_below:
-                break
-            hits += 1
         if not hits:
             return 0
         ext = (start + hits) * bs - num_local
@@ -205,6 +212,17 @@ class OffloadManager:
             return 0
         r.load_keys = keys[start:start + hits]
         return ext
+
+    def _count_ready(self, keys: list[int], start: int, ready_below: int) -> int:
+        """Consecutive stored, completely copied keys from ``start``."""
+        get = self.store.get
+        hits = 0
+        for key in islice(keys, start, None):
+            batch = get(key)
+            if batch is None or batch >= ready_below:
+                break
+            hits += 1
+        return hits
 
     def start_load(self, r: Request, num_local: int, num_external: int, now_ms: float) -> None:
         pins = self.pins

@@ -31,7 +31,7 @@ class Request:
         "first_scheduled_ms", "first_token_ms", "finish_ms", "load_wait_ms", "load_ready_ms",
         "load_start_ms", "num_drafts", "num_draft_tokens_total", "num_accepted_tokens",
         "spec_step", "admit_seq", "stores_done_ms", "num_stored_offload_blocks",
-        "load_keys",
+        "load_keys", "lookup_memo",
     )
 
     def __init__(self, idx: int, request_id: str, arrival_ms: float, num_prompt_tokens: int,
@@ -69,6 +69,7 @@ class Request:
         self.stores_done_ms = 0.0  # G2: when the last D2H store reading this request's blocks completes
         self.num_stored_offload_blocks = 0  # leading offload blocks already prepared for storing
         self.load_keys: list[int] = []  # G2: CPU keys pinned by this request's H2D load
+        self.lookup_memo: tuple | None = None  # G2: (store version, ready bound, start, hits, blocks) of the last lookup
 
     @property
     def num_tokens(self) -> int:
