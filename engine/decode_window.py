@@ -7,10 +7,11 @@ every step and chunk, and performs every block allocation and prefix-cache regis
 step where the scheduler would (in the same order). The outputs are byte-identical to stepping one
 by one (tests/test_engine_fast_forward.py checks this).
 
-Registering a block that decoding just filled is deferred to the request's next allocate_slots
-call (its next new block, or the scheduler's next step for it): such a block ends past the prompt,
-so its key is unique to the request and no other request can look it up or share it, and nobody
-is admitted inside a window. The deferral is therefore invisible in every output.
+Registering a block that decoding just filled is deferred to the request's next new block or the
+window's end, where every running request catches up: such a block ends past the prompt, so its
+key is unique to the request and no other request can look it up or share it, nobody is admitted
+or preempted inside a window, and cached blocks in use are not in the free queue. The deferral is
+therefore invisible in every output.
 
 A window applies only when the step-by-step scheduler could make no other decision: nothing is
 waiting, no arrival or other event falls before the step starts, every running request is
@@ -32,6 +33,13 @@ from engine.scheduler import Scheduler
 def _next_alloc_step(r, base: int, bs: int) -> int:
     """Window step at which ``r`` needs a new block (it computes token number bs * held + 1)."""
     return bs * len(r.block_ids) - base
+
+
+def _next_store_step(r, base: int, off_bs: int) -> int:
+    """Window step after which ``r``'s next offload block is full (G2 prepares its store then)."""
+    return off_bs * (r.num_stored_offload_blocks + 1) - 1 - base
+
+_ALLOC, _STORE = 0, 1  # event kinds; at one step, allocations come before stores (as in schedule())
 
 
 def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next_event_ms: float,
@@ -61,11 +69,20 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     kv = sched.kv
     bs = kv.block_size
     pool = kv.pool
+    offload = sched.offload
     usable = pool.num_gpu_blocks - 1
     base = [r.num_computed_tokens for r in running]
     out0 = [r.num_output_tokens for r in running]
     ctx = sum(base) + nrun  # decode attention context of the first window step
-    events = [(_next_alloc_step(r, b, bs), pos) for pos, (r, b) in enumerate(zip(running, base))]
+    events = [(_next_alloc_step(r, b, bs), _ALLOC, pos) for pos, (r, b) in enumerate(zip(running, base))]
+    if offload is not None:
+        off_bs = offload.block_size
+        # A store refused earlier (CPU pool full) is due again at once: clamp to step 0.
+        events += [(max(0, _next_store_step(r, b, off_bs)), _STORE, pos)
+                   for pos, (r, b) in enumerate(zip(running, base))]
+        stored_col: list[int] = []
+        cpu_used_col: list[int] = []
+        cpu_usage_col: list[float] = []
     heapq.heapify(events)
     starts: list[float] = []
     durations: list[float] = []
@@ -77,19 +94,42 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     stop = False
     free = pool.get_num_free_blocks()
     while s < m and t < next_event_ms:
-        while events and events[0][0] == s:
-            pos = events[0][1]
+        storing = []
+        while events and events[0][0] <= s:
+            _, kind, pos = events[0]
             r = running[pos]
+            if kind == _STORE:  # prepared after this step's allocations, with the step's tokens
+                storing.append(pos)
+                heapq.heappop(events)
+                continue
             r.num_computed_tokens = base[pos] + s
             r.num_output_tokens = out0[pos] + s
             if not kv.allocate_slots(r, 1, None, 0):
                 stop = True
                 break
-            heapq.heapreplace(events, (_next_alloc_step(r, base[pos], bs), pos))
+            heapq.heapreplace(events, (_next_alloc_step(r, base[pos], bs), _ALLOC, pos))
             free = pool.get_num_free_blocks()
         if stop:
             break
+        if storing:
+            storing.sort()  # running order, as schedule() passes its scheduled requests
+            for pos in storing:
+                r = running[pos]
+                r.num_computed_tokens = base[pos] + s + 1  # schedule() has counted the step's token
+                r.num_output_tokens = out0[pos] + s
+            offload.prepare_stores([running[pos] for pos in storing], t)
+            for pos in storing:
+                r = running[pos]
+                r.num_computed_tokens = base[pos] + s
+                nxt = _next_store_step(r, base[pos], off_bs)
+                heapq.heappush(events, (nxt if nxt > s else s + 1, _STORE, pos))  # a refused store retries
         dur = step_ms(0, 0, 0, 0, nrun, nrun, ctx, 0)
+        if offload is not None:
+            offload.step_executed(t, t + dur)
+            stored, _, cpu_used, cpu_usage = offload.step_stats()
+            stored_col.append(stored)
+            cpu_used_col.append(cpu_used)
+            cpu_usage_col.append(cpu_usage)
         starts.append(t)
         durations.append(dur)
         kv_usage.append(1.0 - free / usable)
@@ -103,10 +143,17 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
             r.num_computed_tokens = base[pos]
             r.num_output_tokens = out0[pos]
         return now, 0
+    caching = kv.enable_caching
     for pos, r in enumerate(running):
         r.num_computed_tokens = base[pos] + s
         r.num_output_tokens = out0[pos] + s
-    rec.record_decode_window(step_idx, starts, durations, nrun, kv_usage, kv_used)
+        if caching and r.num_computed_tokens // bs > r.num_cached_blocks:
+            kv.allocate_slots(r, 0, None, 0)  # register the blocks decoding filled (see module doc)
+    if offload is not None:
+        rec.record_decode_window(step_idx, starts, durations, nrun, kv_usage, kv_used,
+                                 stored_col, cpu_used_col, cpu_usage_col)
+    else:
+        rec.record_decode_window(step_idx, starts, durations, nrun, kv_usage, kv_used)
     idx = np.fromiter((r.idx for r in running), dtype=np.int32, count=nrun)
     rec.emit_chunk_arrays(np.tile(idx, s), np.repeat(np.array(ends), nrun), np.ones(s * nrun, np.int32))
     return t, s

@@ -90,7 +90,9 @@ class Recorder:
             self._flush_steps()
 
     def record_decode_window(self, first_step: int, starts: list[float], durations: list[float],
-                             num_running: int, kv_usage: list[float], kv_used: list[int]) -> None:
+                             num_running: int, kv_usage: list[float], kv_used: list[int],
+                             bytes_stored: list[int] | None = None, cpu_blocks_used: list[int] | None = None,
+                             cpu_usage: list[float] | None = None) -> None:
         """Rows for a run of decode-only steps (engine/decode_window.py), column by column."""
         n = len(starts)
         c = self._step_cols
@@ -101,8 +103,10 @@ class Recorder:
             c[j].extend(repeat(value, n))
         c[10].extend(kv_usage)
         c[11].extend(kv_used)
-        for j in range(12, len(c)):
+        for j in (12, 13, 15):  # drafts, accepted, bytes loaded: none in a decode window
             c[j].extend(repeat(0, n))
+        for j, col in ((14, bytes_stored), (16, cpu_blocks_used), (17, cpu_usage)):
+            c[j].extend(col if col is not None else repeat(0, n))
         self.num_steps += n
         if len(c[0]) >= _STEP_ROWS_BUFFERED:
             self._flush_steps()
@@ -136,32 +140,40 @@ class Recorder:
         self.reject_reason[idx] = reason
 
     # -- output --------------------------------------------------------------------------------
-    def _flush_chunks(self) -> None:
-        if not self._chunk_req:
+    def _flush_chunks(self, final: bool = False) -> None:
+        """Write whole row groups of exactly _ROW_GROUP rows (the rest waits, unless final), so the
+        file's layout never depends on how the rows were batched on their way in."""
+        n = len(self._chunk_req)
+        cut = n if final else n - n % _ROW_GROUP
+        if not cut:
             return
-        idx = pa.array(np.frombuffer(self._chunk_req, dtype=np.int32))
+        idx = pa.array(np.frombuffer(self._chunk_req, dtype=np.int32)[:cut])
         table = pa.Table.from_arrays(
-            [self._request_ids.take(idx), pa.array(np.frombuffer(self._chunk_time, dtype=np.float64)),
-             pa.array(np.frombuffer(self._chunk_tokens, dtype=np.int32))],
+            [self._request_ids.take(idx), pa.array(np.frombuffer(self._chunk_time, dtype=np.float64)[:cut]),
+             pa.array(np.frombuffer(self._chunk_tokens, dtype=np.int32)[:cut])],
             schema=CHUNKS_SCHEMA,
         )
         self._chunk_writer.write_table(table, row_group_size=_ROW_GROUP)
-        self.num_chunks += len(self._chunk_req)
-        self._chunk_req = array("i")
-        self._chunk_time = array("d")
-        self._chunk_tokens = array("i")
+        self.num_chunks += cut
+        self._chunk_req = self._chunk_req[cut:]
+        self._chunk_time = self._chunk_time[cut:]
+        self._chunk_tokens = self._chunk_tokens[cut:]
 
-    def _flush_steps(self) -> None:
-        if not self._step_cols[0]:
+    def _flush_steps(self, final: bool = False) -> None:
+        """Like _flush_chunks: whole row groups of _STEP_ROWS_BUFFERED rows until the final flush."""
+        n = len(self._step_cols[0])
+        cut = n if final else n - n % _STEP_ROWS_BUFFERED
+        if not cut:
             return
-        arrays = [pa.array(np.asarray(col, dtype=f.type.to_pandas_dtype()))
+        arrays = [pa.array(np.asarray(col[:cut], dtype=f.type.to_pandas_dtype()))
                   for col, f in zip(self._step_cols, STEPS_SCHEMA)]
-        self._step_writer.write_table(pa.Table.from_arrays(arrays, schema=STEPS_SCHEMA), row_group_size=_ROW_GROUP)
-        self._step_cols = [[] for _ in STEPS_SCHEMA]
+        self._step_writer.write_table(pa.Table.from_arrays(arrays, schema=STEPS_SCHEMA),
+                                      row_group_size=_STEP_ROWS_BUFFERED)
+        self._step_cols = [col[cut:] for col in self._step_cols]
 
     def close(self) -> None:
-        self._flush_chunks()
-        self._flush_steps()
+        self._flush_chunks(final=True)
+        self._flush_steps(final=True)
         self._chunk_writer.close()
         self._step_writer.close()
         self._write_requests()
