@@ -50,7 +50,6 @@ class LoadConfig(StrictModel):
     concurrency: int | None = Field(None, gt=0)  # concurrency: requests in flight at once
     rate: float | None = Field(None, gt=0.0)  # poisson: requests per second
     max_requests: int | None = Field(None, gt=0)  # replay only the first N requests of the trace
-    repeat: bool = False  # concurrency/poisson: cycle through the trace until max_requests
 
     @model_validator(mode="after")
     def _mode_fields(self) -> LoadConfig:
@@ -58,8 +57,6 @@ class LoadConfig(StrictModel):
             raise ValueError("load.mode=concurrency needs load.concurrency")
         if self.mode == "poisson" and self.rate is None:
             raise ValueError("load.mode=poisson needs load.rate (requests per second)")
-        if self.repeat and self.max_requests is None:
-            raise ValueError("load.repeat needs load.max_requests")
         return self
 
 

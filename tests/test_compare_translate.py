@@ -76,7 +76,6 @@ def test_concurrency_load_and_context_length():
     ("data", "key"),
     [
         ({"load": {"mode": "poisson", "rate": 2.0}}, "load.mode"),
-        ({"load": {"mode": "concurrency", "concurrency": 2, "max_requests": 10, "repeat": True}}, "load.repeat"),
         ({"scheduler": {"policy": "priority"}}, "scheduler.policy"),
         ({"scheduler": {"watermark": 0.01}}, "scheduler.watermark"),
         ({"scheduler": {"long_prefill_token_threshold": 512}}, "long_prefill_token_threshold"),

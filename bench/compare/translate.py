@@ -160,8 +160,6 @@ def translate(cfg: EngineConfig, traffic: PeerTraffic) -> Translation:
         peer_load = {"type": "concurrency", "concurrency": load.concurrency}
     else:
         raise _refuse("load.mode", load.mode, "AISimulate replays a trace only on trace_timestamps or concurrency")
-    if load.repeat:
-        raise _refuse("load.repeat", True, "AISimulate replays a trace file once")
     if load.max_requests is not None:
         notes.append(f"load.max_requests={load.max_requests}: the peer's trace is cut to its first rows")
 
