@@ -74,7 +74,7 @@ def _reuse_section(m: RunMetrics, chart: str | None) -> list[str]:
             ["CPU (G2) hits", num(r["cpu_hit_tokens"], "count"), num(r["cpu_hit_ratio"], "ratio")],
             ["total", num(r["gpu_hit_tokens"] + r["cpu_hit_tokens"], "count"), num(r["total_hit_ratio"], "ratio")]]
     if m.ideal is not None:
-        rows.append(["ideal: infinite cache, whole trace", num(m.ideal["ideal_hit_tokens"], "count"),
+        rows.append(["ideal: infinite cache, replayed rows", num(m.ideal["ideal_hit_tokens"], "count"),
                      num(m.ideal["ideal_hit_ratio"], "ratio")])
     out.append(md_table(["", "tokens", "of prompt tokens"], rows))
     out.append("")

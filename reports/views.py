@@ -123,9 +123,16 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
         _check_columns(trace_path, TRACE_SCHEMA)
         columns = ", ".join(TRACE_SCHEMA.names)
         lit = _literal(trace_path.resolve())
-        con.execute(VIEW_SQL.format(name="trace", columns=columns, path=lit, options=""))
+        # A run limited by load.max_requests replayed the trace's first rows only: the trace views
+        # (and so the infinite-cache ideal) cover exactly those.
+        t = info.get("trace") or {}
+        replayed, rows = t.get("replayed_rows"), t.get("rows")
+        where = (f" WHERE file_row_number < {int(replayed)}"
+                 if replayed is not None and rows is not None and int(replayed) < int(rows) else "")
+        con.execute(VIEW_SQL.format(name="trace", columns=columns, path=lit,
+                                    options=", file_row_number = true") + where)
         con.execute(VIEW_SQL.format(name="trace_rows", columns=columns + ", file_row_number AS trace_row",
-                                    path=lit, options=", file_row_number = true"))
+                                    path=lit, options=", file_row_number = true") + where)
         block = int(meta.hash_block_size) if meta.hash_block_size is not None else "NULL"
         con.execute(f"CREATE OR REPLACE VIEW trace_meta AS SELECT {block}::BIGINT AS hash_block_size")
         if meta.hash_block_size is None:
