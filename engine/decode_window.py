@@ -13,8 +13,9 @@ key is unique to the request and no other request can look it up or share it, no
 or preempted inside a window, and cached blocks in use are not in the free queue. The deferral is
 therefore invisible in every output.
 
-A window applies only when the step-by-step scheduler could make no other decision: nothing is
-waiting, no arrival or other event falls before the step starts, every running request is
+A window applies only when the step-by-step scheduler could make no other decision: nobody can be
+admitted (the queue is empty, or blocked until a request finishes: Scheduler.waiting_is_blocked),
+no arrival or other event falls before the step starts, every running request is
 decoding without drafts, the batch fits the token budget, and no request finishes inside the
 window. It ends early at the first step whose block allocation would fail (that step needs the
 real scheduler, which may preempt).
@@ -149,11 +150,12 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
         r.num_output_tokens = out0[pos] + s
         if caching and r.num_computed_tokens // bs > r.num_cached_blocks:
             kv.allocate_slots(r, 0, None, 0)  # register the blocks decoding filled (see module doc)
+    waiting = len(sched.waiting)
     if offload is not None:
-        rec.record_decode_window(step_idx, starts, durations, nrun, kv_usage, kv_used,
+        rec.record_decode_window(step_idx, starts, durations, nrun, waiting, kv_usage, kv_used,
                                  stored_col, cpu_used_col, cpu_usage_col)
     else:
-        rec.record_decode_window(step_idx, starts, durations, nrun, kv_usage, kv_used)
+        rec.record_decode_window(step_idx, starts, durations, nrun, waiting, kv_usage, kv_used)
     idx = np.fromiter((r.idx for r in running), dtype=np.int32, count=nrun)
     rec.emit_chunk_arrays(np.tile(idx, s), np.repeat(np.array(ends), nrun), np.ones(s * nrun, np.int32))
     return t, s

@@ -90,7 +90,7 @@ class Recorder:
             self._flush_steps()
 
     def record_decode_window(self, first_step: int, starts: list[float], durations: list[float],
-                             num_running: int, kv_usage: list[float], kv_used: list[int],
+                             num_running: int, num_waiting: int, kv_usage: list[float], kv_used: list[int],
                              bytes_stored: list[int] | None = None, cpu_blocks_used: list[int] | None = None,
                              cpu_usage: list[float] | None = None) -> None:
         """Rows for a run of decode-only steps (engine/decode_window.py), column by column."""
@@ -99,7 +99,8 @@ class Recorder:
         c[0].extend(range(first_step, first_step + n))
         c[1].extend(starts)
         c[2].extend(durations)
-        for j, value in ((3, num_running), (4, 0), (5, 0), (6, num_running), (7, num_running), (8, 0), (9, 0)):
+        for j, value in ((3, num_running), (4, 0), (5, 0), (6, num_running), (7, num_running), (8, num_waiting),
+                         (9, 0)):
             c[j].extend(repeat(value, n))
         c[10].extend(kv_usage)
         c[11].extend(kv_used)

@@ -259,6 +259,27 @@ class Scheduler:
             waiting.prepend(r)
         return budget
 
+    def waiting_is_blocked(self) -> bool:
+        """True when schedule() can admit nobody now and nobody until a running request finishes.
+
+        Used to fast-forward decode windows with a non-empty queue. Holds when the running set is
+        at max_num_seqs, or (full-prompt gate on, no host offload) when the head does not fit: the
+        free pool only shrinks while nobody finishes, and evicted hits turn into blocks to allocate,
+        so the head's need never falls below the free count inside a window.
+        """
+        if not self.waiting:
+            return True
+        lim = self.limits
+        if len(self.running) >= lim.max_num_seqs:
+            return True
+        if self.offload is not None or not lim.reserve_full_isl:
+            return False
+        r = self.waiting.peek()
+        if r.num_computed_tokens != 0:
+            return False
+        hits, _ = self.kv.get_computed_blocks(r)
+        return not self._admission_fits(r, hits, r.num_prompt_tokens + r.num_output_tokens, self.running)
+
     def _admission_fits(self, r: Request, new_computed: list[int], known: int,
                         running: list[Request], lookahead: int = 0) -> bool:
         """vLLM >= 0.19 full-prompt gate (+ watermark when others run); [0.11] no gate."""

@@ -132,7 +132,7 @@ class Simulator:
                     break
                 now = max(now, nxt)
                 continue
-            if ff_ok and not sched.waiting:
+            if ff_ok and sched.waiting_is_blocked():
                 end, taken = run_decode_window(sched, step_ms, rec, now, self._next_event_ms(open_ptr), step_idx)
                 if taken:
                     step_idx += taken

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from engine.config import EngineConfig
 from engine.run import replay_trace
@@ -29,17 +30,24 @@ def test_infinite_cache_hit_rate_matches_token_prefix_hit(tmp_path, mooncake_tra
     assert abs(got - expected) < 0.0005, (got, expected)  # measured: 0.269943 vs 0.269949
 
 
-def test_fast_forward_is_byte_identical_on_real_traffic_with_g2(tmp_path, mooncake_trace):
-    # A small GPU cache with host offload on 6,000 Mooncake rows: preemptions right after decode
-    # windows, CPU loads of a victim's own blocks, refused stores. Found a real divergence once
-    # (a preempted request's last decoded block not yet registered): every byte must match.
+@pytest.mark.parametrize("rows,overrides", [
+    # A small GPU cache with host offload: preemptions right after decode windows, CPU loads of a
+    # victim's own blocks, refused stores. Found a real divergence once (a preempted request's last
+    # decoded block not yet registered).
+    (6000, ["kv_cache.num_gpu_blocks=10001", "scheduler.max_num_seqs=256", "load.speedup=0.25",
+            "host_offload.num_cpu_blocks=100000"]),
+    # Overloaded, KV-bound: windows run with a blocked queue (the head does not fit).
+    (3000, ["kv_cache.num_gpu_blocks=10001", "scheduler.max_num_seqs=256", "load.speedup=1.0"]),
+    # Overloaded, max_num_seqs-bound.
+    (3000, ["scheduler.max_num_seqs=64", "load.speedup=0.5"]),
+])
+def test_fast_forward_is_byte_identical_on_real_traffic(tmp_path, mooncake_trace, rows, overrides):
     from engine.config import load_config
     from engine.run import resolve_setup
 
     table, meta = load_trace(mooncake_trace)
-    table = table.slice(0, 6000)
-    cfg = load_config(None, ["kv_cache.num_gpu_blocks=10001", "scheduler.max_num_seqs=256",
-                             "load.speedup=0.25", "host_offload.num_cpu_blocks=100000"])
+    table = table.slice(0, rows)
+    cfg = load_config(None, overrides)
     for ff in (True, False):
         replay_trace(table, meta, cfg, tmp_path / f"ff{ff}", setup=resolve_setup(cfg), fast_forward=ff)
     for name in ("requests.parquet", "chunks.parquet", "steps.parquet"):
