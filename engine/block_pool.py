@@ -23,7 +23,6 @@ from collections.abc import Iterable
 from itertools import repeat
 from operator import itemgetter
 
-_NONE = repeat(None)
 _first = itemgetter(0)
 _second = itemgetter(1)
 
@@ -41,10 +40,6 @@ class BlockPool:
         self.free_queue: OrderedDict[int, int | None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
         self.num_evictions = 0
 
-    @property
-    def num_usable_blocks(self) -> int:
-        return self.num_gpu_blocks - 1
-
     def get_num_free_blocks(self) -> int:
         return len(self.free_queue)
 
@@ -58,9 +53,6 @@ class BlockPool:
         if b in self.free_queue:
             return 0
         return 1 + self.extra_refs.get(b, 0)
-
-    def get_cached_block(self, key: int) -> int | None:
-        return self.cached.get(key)
 
     def get_new_blocks(self, n: int) -> list[int]:
         """Pop ``n`` blocks from the LRU end; a popped block that is still cached is evicted now."""

@@ -64,7 +64,7 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
         if remaining < m:
             m = remaining
     m -= 1  # the step that finishes a request goes through the scheduler
-    if m < min_steps:
+    if m < min_steps or not sched.waiting_is_blocked():  # the queue check last: it may look up the head
         return now, 0
 
     kv = sched.kv

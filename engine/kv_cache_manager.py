@@ -14,8 +14,7 @@ _KEY_BATCH = 64  # keys computed per batch while walking a prefix (most walks st
 
 
 class KVCacheManager:
-    __slots__ = ("pool", "block_size", "enable_caching", "hash_lookahead", "drop_last_hit",
-                 "prefix_queries", "prefix_hits")
+    __slots__ = ("pool", "block_size", "enable_caching", "hash_lookahead", "drop_last_hit")
 
     def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = True,
                  hash_lookahead: int = 0, drop_last_hit: bool = False) -> None:
@@ -26,12 +25,6 @@ class KVCacheManager:
         # [0.11] the last hit block is dropped instead.
         self.hash_lookahead = hash_lookahead
         self.drop_last_hit = drop_last_hit
-        self.prefix_queries = 0  # tokens looked up (vLLM's prefix_cache_queries)
-        self.prefix_hits = 0
-
-    @property
-    def usage(self) -> float:
-        return self.pool.get_usage()
 
     def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:
         """Leading cached blocks of ``req`` and the tokens they cover.
@@ -43,7 +36,7 @@ class KVCacheManager:
         if not self.enable_caching:
             return [], 0
         bs = self.block_size
-        limit = min((req.num_tokens - 1) // bs, (req.num_tokens - 1 - self.hash_lookahead) // bs)
+        limit = min((req.num_tokens - 1) // bs, (req.num_tokens - self.hash_lookahead) // bs)
         hits: list[int] = []
         cached_get = self.pool.cached.get
         j = 0
@@ -75,8 +68,12 @@ class KVCacheManager:
 
     def allocate_slots(self, req: Request, num_new_tokens: int,
                        new_computed_blocks: list[int] | None = None,
-                       num_lookahead_tokens: int = 0) -> bool:
-        """Make room for ``num_new_tokens`` (+ lookahead) more tokens; False if the pool is short."""
+                       num_lookahead_tokens: int = 0, delay_cache: bool = False) -> bool:
+        """Make room for ``num_new_tokens`` (+ lookahead) more tokens; False if the pool is short.
+
+        ``delay_cache``: blocks that an asynchronous CPU load will fill are not registered yet
+        (vLLM's delay_cache_blocks); the scheduler registers them when the load completes.
+        """
         bs = self.block_size
         pool = self.pool
         num_new_computed = len(new_computed_blocks) if new_computed_blocks else 0
@@ -97,7 +94,7 @@ class KVCacheManager:
             return False
         if num_new_blocks:
             req.block_ids.extend(pool.get_new_blocks(num_new_blocks))
-        if self.enable_caching:
+        if self.enable_caching and not delay_cache:
             tokens_to_cache = num_computed + num_new_tokens
             if tokens_to_cache > req.num_tokens:
                 tokens_to_cache = req.num_tokens  # draft tokens are never cached

@@ -184,10 +184,10 @@ class OffloadManager:
         if num_blocks <= 0:
             return 0
         store = self.store
-        keys = self._keys(r, 0, num_blocks)
         memo = r.lookup_memo
         ready_below = self._first_unready_batch(now_ms)
         start = num_local // bs
+        keys = None
         if memo is not None and memo[0] == self.version and memo[4] == num_blocks:
             # Nothing touched the store since this request's own last lookup: its keys are still the
             # LRU tail in touch order (touching again changes nothing), and the hit count only needs
@@ -195,21 +195,24 @@ class OffloadManager:
             if memo[1] == ready_below and memo[2] == start:
                 hits = memo[3]
             else:
+                keys = self._keys(r, 0, num_blocks)
                 hits = self._count_ready(keys, start, ready_below)
         else:
+            keys = self._keys(r, 0, num_blocks)
             deque(map(store.move_to_end, list(filter(store.__contains__, reversed(keys)))), 0)
             self.version += 1
             hits = self._count_ready(keys, start, ready_below)
         r.lookup_memo = (self.version, ready_below, start, hits, num_blocks)
-        if num_blocks * bs - num_local < bs:
-            return 0
-        if not hits:
+        r.load_keys = []
+        if num_blocks * bs - num_local < bs or not hits:
             return 0
         ext = (start + hits) * bs - num_local
+        if ext < bs:
+            return 0  # less than one offload block to gain: not worth a load (vLLM)
         if num_local + ext >= known:
             ext = known - 1 - num_local  # a full hit recomputes the last token
-        if ext <= 0:
-            return 0
+        if keys is None:
+            keys = self._keys(r, 0, num_blocks)
         r.load_keys = keys[start:start + hits]
         return ext
 

@@ -17,7 +17,6 @@ class RequestStatus(IntEnum):
     RUNNING = 2
     PREEMPTED = 3
     FINISHED = 4
-    REJECTED = 5
 
 
 class Request:
@@ -30,7 +29,7 @@ class Request:
         "num_cached_tokens", "num_cpu_hit_tokens", "num_preemptions",
         "first_scheduled_ms", "first_token_ms", "finish_ms", "load_wait_ms", "load_ready_ms",
         "load_start_ms", "num_drafts", "num_draft_tokens_total", "num_accepted_tokens",
-        "spec_step", "admit_seq", "stores_done_ms", "num_stored_offload_blocks",
+        "spec_step", "stores_done_ms", "num_stored_offload_blocks",
         "load_keys", "lookup_memo",
     )
 
@@ -65,7 +64,6 @@ class Request:
         self.num_draft_tokens_total = 0
         self.num_accepted_tokens = 0
         self.spec_step = 0  # how many verification steps this request has had (seeds acceptance draws)
-        self.admit_seq = 0  # order of the latest admission to running (FCFS preemption victim)
         self.stores_done_ms = 0.0  # G2: when the last D2H store reading this request's blocks completes
         self.num_stored_offload_blocks = 0  # leading offload blocks already prepared for storing
         self.load_keys: list[int] = []  # G2: CPU keys pinned by this request's H2D load

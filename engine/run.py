@@ -160,7 +160,7 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
     with atomic_dir(outdir, overwrite=overwrite) as tmp:
         recorder = Recorder(trace, tmp)
         sim = Simulator(trace, plan, scheduler, setup.timer, recorder, block_size=bs,
-                        hash_lookahead=lookahead_hash, rejected=rejected, num_to_replay=len(selected),
+                        hash_lookahead=lookahead_hash, rejected=rejected,
                         check_invariants=check_invariants, progress=progress, fast_forward=fast_forward)
         try:
             sim.run()

@@ -59,8 +59,6 @@ class Scheduler:
         self.offload = offload  # engine.offload.OffloadManager or None
         self.waiting = PriorityQueue() if limits.policy == "priority" else FCFSQueue()
         self.running: list[Request] = []
-        self.num_waiting_for_load = 0
-        self._admit_counter = 0
         self.total_preemptions = 0
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
@@ -85,12 +83,14 @@ class Scheduler:
         self.total_preemptions += 1
         self.waiting.prepend(victim)
 
-    def _pick_victim(self) -> Request:
+    def _pick_victim(self) -> tuple[Request, int]:
+        """The request to preempt and its index in running (FCFS: the last admitted; priority: the
+        worst (priority, arrival))."""
+        running = self.running
         if self.limits.policy == "priority":
-            victim = max(self.running, key=lambda r: (r.priority, r.arrival_ms, r.idx))
-            self.running.remove(victim)
-            return victim
-        return self.running.pop()
+            idx = max(range(len(running)), key=lambda j: (running[j].priority, running[j].arrival_ms, running[j].idx))
+            return running.pop(idx), idx
+        return running.pop(), len(running)
 
     def schedule(self, now_ms: float) -> SchedulerOutput:
         lim = self.limits
@@ -132,7 +132,9 @@ class Scheduler:
                     caching and ((done if done < known else known) - la_hash) // bs > r.num_cached_blocks):
                 scheduled = True
                 while not kv.allocate_slots(r, n, None, k):
-                    victim = self._pick_victim()
+                    victim, victim_idx = self._pick_victim()
+                    if victim_idx < i:
+                        i -= 1  # the list shifted left under the current request (vLLM: req_index -= 1)
                     if victim in sched_reqs:
                         j = sched_reqs.index(victim)
                         del sched_reqs[j]
@@ -205,9 +207,9 @@ class Scheduler:
                     skipped.append(waiting.pop())  # not head-of-line: vLLM skips it this step
                     continue
                 offload.finish_load(r)
+                kv.allocate_slots(r, 0, None, 0)  # the loaded blocks become findable only now (vLLM)
                 r.status = RequestStatus.WAITING
                 r.load_wait_ms += now_ms - r.load_start_ms
-                self.num_waiting_for_load -= 1
 
             new_computed: list[int] = []
             num_local = 0
@@ -223,7 +225,7 @@ class Scheduler:
                 # Asynchronous H2D load: hold GPU blocks for local + external tokens, wait for the copy.
                 if not self._admission_fits(r, new_computed, known, running):
                     break
-                if not kv.allocate_slots(r, num_external, new_computed, 0):
+                if not kv.allocate_slots(r, num_external, new_computed, 0, delay_cache=True):
                     break
                 waiting.pop()
                 self._record_first_admission(r, num_local, num_external)
@@ -231,7 +233,6 @@ class Scheduler:
                 offload.start_load(r, num_local, num_external, now_ms)
                 r.status = RequestStatus.WAITING_FOR_REMOTE_KVS
                 r.load_start_ms = now_ms
-                self.num_waiting_for_load += 1
                 skipped.append(r)
                 continue
 
@@ -249,8 +250,6 @@ class Scheduler:
             self._record_first_admission(r, num_local, 0)
             r.num_computed_tokens = num_computed
             r.status = RequestStatus.RUNNING
-            self._admit_counter += 1
-            r.admit_seq = self._admit_counter
             running.append(r)
             sched_reqs.append(r)
             sched_tokens.append(n)

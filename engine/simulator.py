@@ -26,7 +26,7 @@ ProgressFn = Callable[[float, int], None]
 class Simulator:
     def __init__(self, trace: TraceArrays, plan: ArrivalPlan, scheduler: Scheduler, timer: StepTimer,
                  recorder: Recorder, *, block_size: int, hash_lookahead: int,
-                 rejected: dict[int, str], num_to_replay: int, check_invariants: bool = False,
+                 rejected: dict[int, str], check_invariants: bool = False,
                  progress: ProgressFn | None = None, fast_forward: bool = True) -> None:
         self.trace = trace
         self.plan = plan
@@ -36,7 +36,6 @@ class Simulator:
         self.block_size = block_size
         self.hash_lookahead = hash_lookahead
         self.rejected = rejected
-        self.num_to_replay = num_to_replay
         self.check_invariants = check_invariants
         self.progress = progress
         self.fast_forward = fast_forward
@@ -132,7 +131,7 @@ class Simulator:
                     break
                 now = max(now, nxt)
                 continue
-            if ff_ok and sched.waiting_is_blocked():
+            if ff_ok:
                 end, taken = run_decode_window(sched, step_ms, rec, now, self._next_event_ms(open_ptr), step_idx)
                 if taken:
                     step_idx += taken
@@ -148,7 +147,8 @@ class Simulator:
                 idle_spins = idle_spins + 1 if nxt <= now else 0
                 if idle_spins > 4 + len(sched.running):
                     raise ReplayError(self._stuck_message(now))
-                now = max(now, nxt)
+                if nxt != math.inf:  # a step that only preempted retries at the same time
+                    now = max(now, nxt)
                 continue
             idle_spins = 0
             passes = spec_k if spec_k and out.num_decode_reqs + out.num_prefill_reqs else 0

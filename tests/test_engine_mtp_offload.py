@@ -85,17 +85,22 @@ def test_expected_accepted_tokens_conversion():
 
 
 def test_mtp_prefix_rules_033_lookahead_and_011_drop(tmp_path):
-    # Identical 50-token prompts. Without MTP: (50 - 1) // 16 = 3 blocks hit. 0.33 lookahead hashes
-    # (k = 2) also need the next 2 tokens: (50 - 1 - 2) // 16 = 2 blocks. 0.11 drops the last hit: 2.
-    rows = [dict(input_tokens=50, output_tokens=1, hash_ids=[1, 2, 3, 4]),
-            dict(arrival_ms=100, input_tokens=50, output_tokens=1, hash_ids=[1, 2, 3, 4])]
-    plain, _, _, _ = run_small(rows, tmp_path / "a", num_gpu_blocks=64, config={"scheduler": BIG})
-    v033, _, _, _ = run_small(rows, tmp_path / "b", num_gpu_blocks=64, config=mtp([0.5, 0.5]))
-    v011, _, _, _ = run_small(rows, tmp_path / "c", num_gpu_blocks=64,
-                              config={**mtp([0.5, 0.5]), "semantics": "0.11"})
-    assert plain.cached_tokens[1] == 48
-    assert v033.cached_tokens[1] == 32
-    assert v011.cached_tokens[1] == 32
+    # Identical prompts. A block j hits when it ends before the last token ((j+1)*16 <= n - 1) and,
+    # with 0.33 lookahead hashes (k = 2), when its next 2 tokens exist too ((j+1)*16 + 2 <= n).
+    # 49 tokens: plain (48)//16 = 3 blocks; 0.33 min(3, (49-2)//16 = 2) = 2; 0.11 drops the last: 2.
+    # 50 tokens: the lookahead tokens exist, so 0.33 hits 3 blocks like plain; 0.11 still drops one.
+    def rows(n):
+        return [dict(input_tokens=n, output_tokens=1, hash_ids=[1, 2, 3, 4]),
+                dict(arrival_ms=100, input_tokens=n, output_tokens=1, hash_ids=[1, 2, 3, 4])]
+
+    expected = {49: (48, 32, 32), 50: (48, 48, 32)}
+    for n, (want_plain, want_033, want_011) in expected.items():
+        plain, _, _, _ = run_small(rows(n), tmp_path / f"a{n}", num_gpu_blocks=64, config={"scheduler": BIG})
+        v033, _, _, _ = run_small(rows(n), tmp_path / f"b{n}", num_gpu_blocks=64, config=mtp([0.5, 0.5]))
+        v011, _, _, _ = run_small(rows(n), tmp_path / f"c{n}", num_gpu_blocks=64,
+                                  config={**mtp([0.5, 0.5]), "semantics": "0.11"})
+        assert (plain.cached_tokens[1], v033.cached_tokens[1], v011.cached_tokens[1]) == (
+            want_plain, want_033, want_011), n
 
 
 # --------------------------------------------------------------------------- G2 host offload
@@ -198,3 +203,19 @@ def test_cpu_store_is_all_or_nothing_when_nothing_can_be_evicted(tmp_path):
     assert info["totals"]["cpu_blocks_stored"] == 0
     assert info["totals"]["cpu_store_skipped_full"] >= 3
     assert steps.cpu_blocks_used.max() == 0
+
+
+def test_blocks_being_loaded_are_not_gpu_hits_until_the_load_completes(tmp_path):
+    # 5 usable GPU blocks. A (48 tokens, keys 1-3) is stored to the CPU; X (64 tokens) then evicts
+    # A's last two GPU blocks (tail first), so only key 1 stays on the GPU. R (A's prompt) hits key 1
+    # on the GPU and loads keys 2-3 from the CPU (31 tokens, 20 ms). B (the same prompt) arrives while
+    # that load runs: R's loading blocks are not findable yet (vLLM's delay_cache_blocks), so B hits
+    # only key 1 on the GPU and loads the rest from the CPU itself.
+    rows = [dict(input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3]),
+            dict(arrival_ms=20, input_tokens=64, output_tokens=1, hash_ids=[7, 8, 9, 10]),
+            dict(arrival_ms=40, input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3]),
+            dict(arrival_ms=45, input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3])]
+    reqs, _, _ = run_offload(rows, tmp_path, num_gpu_blocks=6, host=offload(d2h_gbps=1000.0))
+    r, b = reqs.loc["r2"], reqs.loc["r3"]
+    assert (r.cached_tokens, r.cpu_hit_tokens) == (16, 31)
+    assert (b.cached_tokens, b.cpu_hit_tokens) == (16, 31)
