@@ -71,13 +71,10 @@ class OffloadManager:
 
     # -- stores --------------------------------------------------------------------------------
     def _keys(self, r: Request, m0: int, m1: int) -> list[int]:
-        """CPU keys of offload blocks m0..m1-1 of ``r``."""
+        """CPU keys of offload blocks m0..m1-1 of ``r``: the key of each one's last GPU block,
+        sliced from the request's memoised GPU block keys (no per-block Python work)."""
         f = self.block_size // self.kv.block_size
-        if f == 1:
-            return r.keys.keys_upto(m1)[m0:m1]
-        pk = r.keys.prefix_key
-        bs, la = self.block_size, self.lookahead
-        return [pk((m + 1) * bs + la) for m in range(m0, m1)]
+        return r.keys.keys_upto(m1 * f)[(m0 + 1) * f - 1:m1 * f:f]
 
     def _first_unready_batch(self, now_ms: float) -> int:
         """Batches below this id have completed their copies by ``now_ms``."""

@@ -95,10 +95,19 @@ def find_unreplayable(trace: TraceArrays, selected: np.ndarray, config: EngineCo
 def _fingerprint(table: pa.Table) -> str:
     """Content hash of the canonical columns: equal fingerprints mean the same trace."""
     h = hashlib.sha256()
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema.remove_metadata()) as writer:
+
+    class _HashSink:  # IPC bytes go straight into the hash: no copy of the trace in memory
+        closed = False
+
+        def write(self, data) -> int:
+            h.update(data)
+            return len(data)
+
+        def flush(self) -> None:
+            pass
+
+    with pa.ipc.new_stream(pa.PythonFile(_HashSink(), mode="w"), table.schema.remove_metadata()) as writer:
         writer.write_table(table.combine_chunks())
-    h.update(sink.getvalue().to_pybytes())
     return h.hexdigest()
 
 

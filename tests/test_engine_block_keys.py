@@ -38,3 +38,18 @@ def test_uint64_ids_are_not_truncated():
     a = BlockKeys([2**64 - 1], 0, 1, 16, 16, 16, unique_tag=0)
     b = BlockKeys([2**63 - 1], 0, 1, 16, 16, 16, unique_tag=0)
     assert a.block_keys(0, 1) != b.block_keys(0, 1)
+
+
+def test_offload_keys_are_the_last_gpu_block_keys():
+    # The G2 key of an offload block of f GPU blocks is the key of its last GPU block.
+    from engine.config import HostOffloadConfig
+    from engine.kv_cache_manager import KVCacheManager
+    from engine.offload import OffloadManager
+    from engine.request import Request
+
+    for la in (0, 2):
+        kv = KVCacheManager(64, 16, hash_lookahead=la)
+        off = OffloadManager(HostOffloadConfig(num_cpu_blocks=10, block_size=64), kv, 1000)
+        keys = BlockKeys([5, 6, 7], 0, 3, 100, 16, 300, unique_tag=4, lookahead=la)
+        req = Request(0, "r", 0.0, 300, 10, keys)
+        assert off._keys(req, 1, 5) == [keys.prefix_key((m + 1) * 64 + la) for m in range(1, 5)]
