@@ -27,10 +27,11 @@ class BlockKeys:
     """Block keys for one request. Keys are plain ints (fast dict keys); unique keys are negative."""
 
     __slots__ = ("ids", "start", "end", "hash_block_size", "block_size", "input_tokens",
-                 "unique_tag", "lookahead", "_memo")
+                 "unique_tag", "lookahead", "_memo", "shared_blocks")
 
     def __init__(self, ids: list[int], start: int, end: int, hash_block_size: int | None,
-                 block_size: int, input_tokens: int, unique_tag: int, lookahead: int = 0) -> None:
+                 block_size: int, input_tokens: int, unique_tag: int, lookahead: int = 0,
+                 shared_ids: int | None = None) -> None:
         self.ids = ids  # shared flat list of every row's ids; this request's are ids[start:end]
         self.start = start
         self.end = end
@@ -40,6 +41,13 @@ class BlockKeys:
         self.unique_tag = unique_tag
         self.lookahead = lookahead
         self._memo: list[int] = []  # keys of blocks 0..len-1, computed once, sliced after
+        # Leading blocks whose keys another request could also hold: those ending inside the first
+        # ``shared_ids`` trace blocks (ids that occur in other rows; all of them when not given).
+        # Keys past them (unique ids, generated tokens) can only ever be looked up by this request.
+        if shared_ids is None:
+            shared_ids = end - start
+        shared_tokens = min(shared_ids * self.hash_block_size, self.input_tokens)
+        self.shared_blocks = max(0, (shared_tokens - lookahead) // block_size)
 
     def keys_upto(self, j1: int) -> list[int]:
         """Keys of blocks 0..j1-1, memoised: the GPU cache, the G2 tier and frees all ask for them."""
@@ -57,17 +65,26 @@ class BlockKeys:
         return -((self.unique_tag << _UNIQUE_BITS) | t) - 1
 
     def block_keys(self, j0: int, j1: int) -> list[int]:
-        """Keys of blocks j0..j1-1 (each must be full, lookahead included).
+        """Keys of blocks j0..j1-1 (each must be full, lookahead included), as one flat list."""
+        out: list[int] = []
+        for run in self.key_runs(j0, j1, self.block_size):
+            out.extend(run)
+        return out
 
-        Block j is named by the prefix of t_j = (j + 1) * B + lookahead tokens. While t_j stays in
-        one trace block, the keys form an arithmetic run (step B), so each trace block costs one
-        C-level range() instead of a Python iteration per engine block.
+    def key_runs(self, j0: int, j1: int, bs: int) -> list[range]:
+        """Keys of blocks j0..j1-1 of ``bs`` tokens, as arithmetic runs in prefix order.
+
+        Block j is named by the prefix of t_j = (j + 1) * bs + lookahead tokens. While t_j stays in
+        one trace block, the keys form an arithmetic run (step bs), so each trace block costs one
+        range() instead of a Python iteration per block. Every run lies in one ``key_group`` and
+        steps by +bs (trace-named keys) or -bs (unique keys). ``bs`` is the GPU block size for the
+        GPU cache and the offload block size for the G2 tier (an offload block is named by its last
+        GPU block, i.e. by the same prefix).
         """
         if j1 <= j0:
             return []
-        bs = self.block_size
         la = self.lookahead
-        out: list[int] = []
+        out: list[range] = []
         j = j0
         hb = self.hash_block_size
         if self.input_tokens:
@@ -77,9 +94,18 @@ class BlockKeys:
                 i = ((j + 1) * bs + la - 1) // hb  # trace block holding the block's last token
                 last = min(split, ((i + 1) * hb - la) // bs)  # first j past this trace block
                 base = (ids[start + i] << _OFFSET_BITS) - i * hb + la
-                out.extend(range(base + (j + 1) * bs, base + last * bs + 1, bs))
+                out.append(range(base + (j + 1) * bs, base + last * bs + 1, bs))
                 j = last
         if j < j1:
             neg = -(self.unique_tag << _UNIQUE_BITS) - 1 - la  # -(tag | t) - 1 == neg' - t, t < 2**40
-            out.extend(range(neg - (j + 1) * bs, neg - j1 * bs - 1, -bs))
+            out.append(range(neg - (j + 1) * bs, neg - j1 * bs - 1, -bs))
         return out
+
+
+def key_group(key: int) -> int:
+    """The group a key belongs to: its trace id, or (unique keys) its request tag, made negative.
+
+    Keys of one group that are one block apart differ by exactly the block size, so a group's keys
+    held anywhere form disjoint arithmetic intervals (what the G2 run store indexes by).
+    """
+    return key >> _OFFSET_BITS if key >= 0 else key >> _UNIQUE_BITS

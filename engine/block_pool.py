@@ -8,6 +8,9 @@
 - Two requests that compute the same block make two copies under one key; the key stays cached
   until its last copy is evicted (vLLM keeps a dict of block ids per hash).
 
+A free block's key is 0 when it is a private block (engine/kv_cache_manager.py): cached, so its
+reuse counts as an eviction, but in no map because nobody can look it up.
+
 Reference counts are stored sparsely: a block is in use exactly when it is not in the free queue,
 and ``extra_refs`` counts references beyond the first (prefix sharing). A free block's key (None
 when uncached) is the free queue's value, and the caller passes keys in when it frees blocks (a
@@ -63,19 +66,25 @@ class BlockPool:
             b, key = fq.popitem(False)
             if key is not None:
                 self.num_evictions += 1
-                if self.dups:
+                if not key:
+                    pass  # private: in no map
+                elif self.dups:
                     self._evict(b, key)
                 else:
                     del self.cached[key]
             return [b]
         popped = list(map(fq.popitem, repeat(False, n)))
         out = list(map(_first, popped))
-        keys = list(filter(None, map(_second, popped)))  # cached blocks carry their key; keys are never 0
-        if keys:
-            self.num_evictions += len(keys)
-            if self.dups:
+        values = list(map(_second, popped))
+        evicted = n - values.count(None)
+        if evicted:
+            self.num_evictions += evicted
+            keys = list(filter(None, values))  # registered keys (real keys are never 0)
+            if not keys:
+                pass
+            elif self.dups:
                 for b, key in popped:
-                    if key is not None:
+                    if key:
                         self._evict(b, key)
             else:  # every key has one copy, which must be the popped block
                 deque(map(self.cached.__delitem__, keys), 0)
@@ -175,6 +184,6 @@ class BlockPool:
             for b in copies:
                 assert key_of(b) == key
         n_keys = len(self.cached) + sum(len(c) for c in self.dups.values())
-        n_keyed = sum(1 for k in fq.values() if k is not None) + sum(
+        n_keyed = sum(1 for k in fq.values() if k) + sum(
             1 for b, k in in_use_keys.items() if k is not None and b not in fq)
         assert n_keys == n_keyed, f"{n_keys} cached copies but {n_keyed} keyed blocks"

@@ -10,9 +10,9 @@
   max_num_seqs) until the copy on the H2D lane completes; it is then scheduled as a prefill of the
   rest. A full hit still recomputes the last token.
 - CPU key of an offload block = the key of its last GPU block (chained: it names the prefix).
-- The CPU store holds only what it stores: millions of configured blocks cost nothing up front.
-
-Work per step is proportional to the blocks that became full in that step.
+- The CPU store (engine/cpu_store.py) holds only what it stores, as runs of keys (one per trace
+  block): millions of configured blocks cost nothing up front, and a step's stores, evictions and
+  lookups cost a few operations per trace block they touch, not per offload block.
 """
 
 from __future__ import annotations
@@ -20,16 +20,18 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right
-from collections import OrderedDict, deque
-from itertools import filterfalse, islice, repeat
 
 from engine.config import HostOffloadConfig
+from engine.cpu_store import KeyLRUStore, RunLRUStore, runs_len, runs_slice
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request
 from replay.errors import ConfigError
 
 
 class OffloadManager:
+    # The CPU store class: tests swap in KeyLRUStore (per key) to check the run store end to end.
+    store_factory: type[RunLRUStore] | type[KeyLRUStore] = RunLRUStore
+
     def __init__(self, cfg: HostOffloadConfig, kv: KVCacheManager, kv_bytes_per_token: int) -> None:
         gpu_bs = kv.block_size
         off_bs = cfg.block_size or gpu_bs
@@ -50,12 +52,11 @@ class OffloadManager:
         self.d2h_ms_per_byte = 1e3 / (cfg.d2h_gbps * 1e9)
         self.h2d_ms_per_byte = 1e3 / (cfg.h2d_gbps * 1e9)
         self.latency_ms = cfg.latency_us / 1e3
-        # key -> id of the store batch (one per step) that wrote it; batch b's copy completes at
-        # batch_done[b] (the D2H lane is FIFO, so completion times never decrease).
-        self.store: OrderedDict[int, int] = OrderedDict()
+        # The store records the id of the store batch (one per step) that wrote each key; batch b's
+        # copy completes at batch_done[b] (the D2H lane is FIFO, so completion times never decrease).
+        self.store = RunLRUStore(off_bs) if self.store_factory is RunLRUStore else self.store_factory()
         self.batch_done: list[float] = []
         self.version = 0  # bumped by every change to the store's contents or LRU order
-        self.pins: dict[int, int] = {}  # key -> loads in flight reading it
         self.d2h_free_ms = 0.0
         self.h2d_free_ms = 0.0
         self._batch_size = 0  # blocks prepared in the current step
@@ -70,45 +71,21 @@ class OffloadManager:
         self.store_skipped_full = 0
 
     # -- stores --------------------------------------------------------------------------------
-    def _keys(self, r: Request, m0: int, m1: int) -> list[int]:
-        """CPU keys of offload blocks m0..m1-1 of ``r``: the key of each one's last GPU block,
-        sliced from the request's memoised GPU block keys (no per-block Python work)."""
-        f = self.block_size // self.kv.block_size
-        return r.keys.keys_upto(m1 * f)[(m0 + 1) * f - 1:m1 * f:f]
+    def _runs(self, r: Request, m0: int, m1: int) -> list[range]:
+        """CPU keys of offload blocks m0..m1-1 of ``r`` as runs: an offload block is named by the
+        prefix its last GPU block ends, i.e. by a key at the offload block size."""
+        return r.keys.key_runs(m0, m1, self.block_size)
 
     def _first_unready_batch(self, now_ms: float) -> int:
         """Batches below this id have completed their copies by ``now_ms``."""
         return bisect_right(self.batch_done, now_ms)
-
-    def _victims(self, needed: int, protected: list[int] | None, now_ms: float) -> list[int] | None:
-        """The ``needed`` least recent blocks that may go, or None if there are not enough.
-
-        Like vLLM's LRUOffloadingManager.prepare_store: never a block being loaded (pinned) or
-        still being written, nor one of the keys this store names (``protected``). The common case
-        (nothing of the sort at the LRU front) is a couple of C-level passes, not a Python loop.
-        """
-        store = self.store
-        ready_below = self._first_unready_batch(now_ms)
-        pins = self.pins
-        victims = list(islice(store, needed))
-        if len(victims) == needed and max(islice(store.values(), needed)) < ready_below and (
-                not pins or pins.keys().isdisjoint(victims)) and (
-                protected is None or set(victims).isdisjoint(protected)):
-            return victims
-        keep = set(protected or ())
-        victims = []
-        for key, batch in store.items():
-            if batch < ready_below and key not in pins and key not in keep:
-                victims.append(key)
-                if len(victims) == needed:
-                    return victims
-        return None
 
     def prepare_stores(self, scheduled: list[Request], now_ms: float) -> None:
         store = self.store
         bs, la = self.block_size, self.lookahead
         capacity = self.num_cpu_blocks
         batch = len(self.batch_done)  # this step's batch id
+        ready_below = -1
         for r in scheduled:
             known = r.num_prompt_tokens + r.num_output_tokens
             tokens = r.num_computed_tokens if r.num_computed_tokens < known else known
@@ -116,31 +93,18 @@ class OffloadManager:
             m = r.num_stored_offload_blocks
             if full <= m:
                 continue
-            keys = self._keys(r, m, full)
-            new = list(filterfalse(store.__contains__, keys))  # keys already on the CPU are skipped
-            all_new = len(new) == len(keys)
-            need = len(new) - (capacity - len(store))
-            if need > 0:
-                victims = self._victims(need, None if all_new else keys, now_ms)
-                if victims is None:  # vLLM's prepare_store returns None: nothing stored, retried later
-                    self.store_skipped_full += len(new)
-                    continue
-                deque(map(store.__delitem__, victims), 0)
-                self.total_cpu_evictions += len(victims)
+            if ready_below < 0:
+                ready_below = self._first_unready_batch(now_ms)
+            runs = self._runs(r, m, full)
+            new, evicted = store.store(runs, batch, capacity, ready_below)
+            if evicted is None:  # vLLM's prepare_store returns None: nothing stored, retried later
+                self.store_skipped_full += new
+                continue
+            self.total_cpu_evictions += evicted
             self.version += 1
-            # The call's keys end at the LRU tail in reverse, so the prefix head is most recent
-            # (vLLM touches them after preparing the store).
-            if all_new:
-                store.update(zip(reversed(keys), repeat(batch)))
-            else:
-                for key in reversed(keys):
-                    if key in store:
-                        store.move_to_end(key)
-                    else:
-                        store[key] = batch
             r.num_stored_offload_blocks = full
             if new:
-                self._batch_size += len(new)
+                self._batch_size += new
                 self._batch_reqs.append(r)
 
     def step_executed(self, start_ms: float, end_ms: float) -> None:
@@ -184,7 +148,7 @@ class OffloadManager:
         memo = r.lookup_memo
         ready_below = self._first_unready_batch(now_ms)
         start = num_local // bs
-        keys = None
+        runs = None
         if memo is not None and memo[0] == self.version and memo[4] == num_blocks:
             # Nothing touched the store since this request's own last lookup: its keys are still the
             # LRU tail in touch order (touching again changes nothing), and the hit count only needs
@@ -192,13 +156,13 @@ class OffloadManager:
             if memo[1] == ready_below and memo[2] == start:
                 hits = memo[3]
             else:
-                keys = self._keys(r, 0, num_blocks)
-                hits = self._count_ready(keys, start, ready_below)
+                runs = self._runs(r, 0, num_blocks)
+                hits = store.count_ready(runs, start, ready_below)
         else:
-            keys = self._keys(r, 0, num_blocks)
-            deque(map(store.move_to_end, list(filter(store.__contains__, reversed(keys)))), 0)
+            runs = self._runs(r, 0, num_blocks)
+            store.touch(runs)
             self.version += 1
-            hits = self._count_ready(keys, start, ready_below)
+            hits = store.count_ready(runs, start, ready_below)
         r.lookup_memo = (self.version, ready_below, start, hits, num_blocks)
         r.load_keys = []
         if num_blocks * bs - num_local < bs or not hits:
@@ -208,43 +172,25 @@ class OffloadManager:
             return 0  # less than one offload block to gain: not worth a load (vLLM)
         if num_local + ext >= known:
             ext = known - 1 - num_local  # a full hit recomputes the last token
-        if keys is None:
-            keys = self._keys(r, 0, num_blocks)
-        r.load_keys = keys[start:start + hits]
+        if runs is None:
+            runs = self._runs(r, 0, num_blocks)
+        r.load_keys = runs_slice(runs, start, start + hits)
         return ext
 
-    def _count_ready(self, keys: list[int], start: int, ready_below: int) -> int:
-        """Consecutive stored, completely copied keys from ``start``."""
-        get = self.store.get
-        hits = 0
-        for key in islice(keys, start, None):
-            batch = get(key)
-            if batch is None or batch >= ready_below:
-                break
-            hits += 1
-        return hits
-
     def start_load(self, r: Request, num_local: int, num_external: int, now_ms: float) -> None:
-        pins = self.pins
-        for key in r.load_keys:
-            pins[key] = pins.get(key, 0) + 1
-        nbytes = len(r.load_keys) * self.block_bytes
+        self.store.pin(r.load_keys)
+        n = runs_len(r.load_keys)
+        nbytes = n * self.block_bytes
         begin = now_ms if now_ms > self.h2d_free_ms else self.h2d_free_ms
         done = begin + self.latency_ms + nbytes * self.h2d_ms_per_byte
         self.h2d_free_ms = done
         r.load_ready_ms = done
         heapq.heappush(self._loads, (done, r.idx))
         self._step_loaded += nbytes
-        self.total_loaded_blocks += len(r.load_keys)
+        self.total_loaded_blocks += n
 
     def finish_load(self, r: Request) -> None:
-        pins = self.pins
-        for key in r.load_keys:
-            c = pins[key] - 1
-            if c:
-                pins[key] = c
-            else:
-                del pins[key]
+        self.store.unpin(r.load_keys)
         r.load_keys = []
 
     # -- clock ---------------------------------------------------------------------------------

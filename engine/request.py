@@ -66,7 +66,7 @@ class Request:
         self.spec_step = 0  # how many verification steps this request has had (seeds acceptance draws)
         self.stores_done_ms = 0.0  # G2: when the last D2H store reading this request's blocks completes
         self.num_stored_offload_blocks = 0  # leading offload blocks already prepared for storing
-        self.load_keys: list[int] = []  # G2: CPU keys pinned by this request's H2D load
+        self.load_keys: list[range] = []  # G2: runs of CPU keys pinned by this request's H2D load
         self.lookup_memo: tuple | None = None  # G2: (store version, ready bound, start, hits, blocks) of the last lookup
 
     @property

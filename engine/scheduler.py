@@ -75,7 +75,7 @@ class Scheduler:
     # ------------------------------------------------------------------ schedule
     def _preempt(self, victim: Request) -> None:
         """Preemption by recompute: free everything; the blocks stay cached until evicted."""
-        self.kv.free(victim)
+        self.kv.free(victim, preempted=True)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
         victim.num_draft_tokens = 0

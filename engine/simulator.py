@@ -60,7 +60,7 @@ class Simulator:
         off = t.hash_offsets
         inp = int(t.input_tokens[idx])
         keys = BlockKeys(t.hash_values, int(off[idx]), int(off[idx + 1]), t.hash_block_size,
-                         self.block_size, inp, idx, self.hash_lookahead)
+                         self.block_size, inp, idx, self.hash_lookahead, int(t.shared_lead[idx]))
         req = Request(idx, t.request_id[idx], ready_ms, inp, int(t.output_tokens[idx]), keys,
                       t.session_id[idx], int(t.turn[idx]) if t.turn[idx] >= 0 else None,
                       int(t.priority[idx]))
@@ -211,7 +211,7 @@ class Simulator:
         if off is not None:
             reqs += off.requests_holding_blocks()
         for r in reqs:
-            keys = r.keys.block_keys(0, r.num_cached_blocks)
+            keys = r.keys.block_keys(0, self.sched.kv.num_registered_blocks(r))
             for j, b in enumerate(r.block_ids):
                 holders[b] = holders.get(b, 0) + 1
                 key = keys[j] if j < len(keys) else None

@@ -52,4 +52,7 @@ def test_offload_keys_are_the_last_gpu_block_keys():
         off = OffloadManager(HostOffloadConfig(num_cpu_blocks=10, block_size=64), kv, 1000)
         keys = BlockKeys([5, 6, 7], 0, 3, 100, 16, 300, unique_tag=4, lookahead=la)
         req = Request(0, "r", 0.0, 300, 10, keys)
-        assert off._keys(req, 1, 5) == [keys.prefix_key((m + 1) * 64 + la) for m in range(1, 5)]
+        gpu = keys.keys_upto(20)
+        runs = off._runs(req, 1, 5)
+        assert [k for run in runs for k in run] == [keys.prefix_key((m + 1) * 64 + la) for m in range(1, 5)]
+        assert [k for run in runs for k in run] == gpu[2 * 4 - 1:5 * 4:4]

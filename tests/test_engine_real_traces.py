@@ -52,3 +52,50 @@ def test_fast_forward_is_byte_identical_on_real_traffic(tmp_path, mooncake_trace
         replay_trace(table, meta, cfg, tmp_path / f"ff{ff}", setup=resolve_setup(cfg), fast_forward=ff)
     for name in ("requests.parquet", "chunks.parquet", "steps.parquet"):
         assert (tmp_path / "ffTrue" / name).read_bytes() == (tmp_path / "ffFalse" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("rows,overrides", [
+    # Small GPU cache with host offload at 0.25x: CPU stores, LRU evictions, loads, preemptions.
+    (800, ["kv_cache.num_gpu_blocks=8001", "scheduler.max_num_seqs=256", "load.speedup=0.25",
+            "host_offload.num_cpu_blocks=100000"]),
+    # A tiny CPU tier: refused stores, evictions inside runs, loads pinning what eviction must skip.
+    (400, ["kv_cache.num_gpu_blocks=8001", "scheduler.max_num_seqs=128", "load.speedup=0.25",
+            "host_offload.num_cpu_blocks=300", "host_offload.block_size=32"]),
+    # MTP with 0.33 lookahead hashes on an overloaded small cache: preempted requests re-hit their
+    # own (private) blocks.
+    (3000, ["kv_cache.num_gpu_blocks=8001", "scheduler.max_num_seqs=128", "load.speedup=0.5",
+            "speculative.method=mtp", "speculative.num_speculative_tokens=2",
+            "speculative.expected_accepted_tokens=1.4", "speculative.drafter=synthetic"]),
+])
+def test_run_store_and_private_blocks_change_nothing(tmp_path, mooncake_trace, monkeypatch, rows, overrides):
+    # The fast paths against their plain references, on real traffic, byte for byte: the G2 run store
+    # against the per-key LRU, and deferred registration of private blocks against registering every
+    # full block (as if every trace id were shared).
+    from engine import trace_input
+    from engine.config import load_config
+    from engine.cpu_store import KeyLRUStore
+    from engine.offload import OffloadManager
+    from engine.run import resolve_setup
+
+    table, meta = load_trace(mooncake_trace)
+    table = table.slice(0, rows)
+    cfg = load_config(None, overrides)
+    info = replay_trace(table, meta, cfg, tmp_path / "fast", setup=resolve_setup(cfg)).run_info
+    assert info["totals"]["preemptions"] > 0
+    if "host_offload.num_cpu_blocks=300" in overrides:
+        assert info["totals"]["cpu_store_skipped_full"] > 0 and info["totals"]["cpu_blocks_loaded"] > 0
+    monkeypatch.setattr(OffloadManager, "store_factory", KeyLRUStore)
+    monkeypatch.setattr(trace_input, "shared_lead", lambda flat, offsets: np.diff(offsets))
+    ref = replay_trace(table, meta, cfg, tmp_path / "ref", setup=resolve_setup(cfg)).run_info
+    assert ref["totals"] == info["totals"]
+    for name in ("requests.parquet", "chunks.parquet", "steps.parquet"):
+        assert (tmp_path / "fast" / name).read_bytes() == (tmp_path / "ref" / name).read_bytes(), name
+
+
+def test_shared_lead_counts_leading_ids_seen_in_other_rows():
+    from engine.trace_input import shared_lead
+
+    rows = [[1, 2, 3], [1, 2, 4], [5], [], [1, 9], [7, 7, 8]]
+    flat = np.array([i for r in rows for i in r], dtype=np.uint64)
+    offsets = np.cumsum([0] + [len(r) for r in rows])
+    assert shared_lead(flat, offsets).tolist() == [2, 2, 0, 0, 1, 2]
