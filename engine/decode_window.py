@@ -85,6 +85,15 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
         cpu_used_col: list[int] = []
         cpu_usage_col: list[float] = []
     heapq.heapify(events)
+    # With host offload, a blocked queue head is looked up on the CPU tier at every step (after the
+    # step's allocations, before its stores), which moves its held keys to the LRU tail. Only a step
+    # after stores can change anything, so the window replays the lookup then.
+    head = None
+    if (offload is not None and sched.waiting and nrun < lim.max_num_seqs
+            and lim.max_num_batched_tokens > nrun):
+        head = sched.waiting.peek()
+        head_local = kv.get_computed_blocks(head)[1]
+    lookup_due = True
     starts: list[float] = []
     durations: list[float] = []
     ends: list[float] = []
@@ -112,7 +121,11 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
             free = pool.get_num_free_blocks()
         if stop:
             break
+        if head is not None and lookup_due:
+            offload.get_num_new_matched_tokens(head, head_local, t)
+            lookup_due = False
         if storing:
+            lookup_due = True
             storing.sort()  # running order, as schedule() passes its scheduled requests
             for pos in storing:
                 r = running[pos]

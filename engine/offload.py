@@ -126,6 +126,7 @@ class OffloadManager:
         self._batch_reqs = []
 
     def request_finished(self, r: Request, end_ms: float) -> None:
+        r.lookup_memo = None
         if r.stores_done_ms > end_ms:
             heapq.heappush(self._deferred_free, (r.stores_done_ms, r.idx, r))
         else:
@@ -148,7 +149,8 @@ class OffloadManager:
         memo = r.lookup_memo
         ready_below = self._first_unready_batch(now_ms)
         start = num_local // bs
-        runs = None
+        # A blocked queue head is looked up at every step: its key runs are kept with the memo.
+        runs = memo[5] if memo is not None and memo[4] == num_blocks else self._runs(r, 0, num_blocks)
         if memo is not None and memo[0] == self.version and memo[4] == num_blocks:
             # Nothing touched the store since this request's own last lookup: its keys are still the
             # LRU tail in touch order (touching again changes nothing), and the hit count only needs
@@ -156,14 +158,12 @@ class OffloadManager:
             if memo[1] == ready_below and memo[2] == start:
                 hits = memo[3]
             else:
-                runs = self._runs(r, 0, num_blocks)
                 hits = store.count_ready(runs, start, ready_below)
         else:
-            runs = self._runs(r, 0, num_blocks)
             store.touch(runs)
             self.version += 1
             hits = store.count_ready(runs, start, ready_below)
-        r.lookup_memo = (self.version, ready_below, start, hits, num_blocks)
+        r.lookup_memo = (self.version, ready_below, start, hits, num_blocks, runs)
         r.load_keys = []
         if num_blocks * bs - num_local < bs or not hits:
             return 0
@@ -172,8 +172,6 @@ class OffloadManager:
             return 0  # less than one offload block to gain: not worth a load (vLLM)
         if num_local + ext >= known:
             ext = known - 1 - num_local  # a full hit recomputes the last token
-        if runs is None:
-            runs = self._runs(r, 0, num_blocks)
         r.load_keys = runs_slice(runs, start, start + hits)
         return ext
 

@@ -262,19 +262,22 @@ class Scheduler:
         """True when schedule() can admit nobody now and nobody until a running request finishes.
 
         Used to fast-forward decode windows with a non-empty queue. Holds when the running set is
-        at max_num_seqs, or (full-prompt gate on, no host offload) when the head does not fit: the
-        free pool only shrinks while nobody finishes, and evicted hits turn into blocks to allocate,
-        so the head's need never falls below the free count inside a window.
+        at max_num_seqs, or (full-prompt gate on) when the head does not fit: the free pool only
+        shrinks while nobody finishes, and evicted hits turn into blocks to allocate, so the head's
+        need never falls below the free count inside a window. With host offload, CPU hits do not
+        change the gate (it counts the whole prompt), deferred frees and loads are window-ending
+        events, and the head's per-step CPU lookup (it touches the CPU LRU) is replayed by the
+        window; a head still waiting for its own load is not handled (the scheduler skips it).
         """
         if not self.waiting:
             return True
         lim = self.limits
         if len(self.running) >= lim.max_num_seqs:
             return True
-        if self.offload is not None or not lim.reserve_full_isl:
+        if not lim.reserve_full_isl:
             return False
         r = self.waiting.peek()
-        if r.num_computed_tokens != 0:
+        if r.num_computed_tokens != 0 or r.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
             return False
         hits, _ = self.kv.get_computed_blocks(r)
         return not self._admission_fits(r, hits, r.num_prompt_tokens + r.num_output_tokens, self.running)
