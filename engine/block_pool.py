@@ -1,29 +1,31 @@
 """The GPU KV block pool: vLLM V1's BlockPool (v1/core/block_pool.py), without token contents.
 
-- Block 0 is vLLM's reserved null block: ``num_gpu_blocks - 1`` blocks are usable.
-- The free queue holds every block with ref_cnt == 0, cached ones included, oldest first. It is an
-  OrderedDict (a C doubly linked list): popping the LRU end, unlinking a touched block and
-  appending freed blocks are all O(1).
-- Eviction is lazy: a cached block stays findable until it is popped for reuse.
+- vLLM reserves block 0 as the null block: ``num_gpu_blocks - 1`` blocks are usable.
+- The free queue holds every block with ref_cnt == 0, cached ones included, oldest first; allocation
+  pops its LRU end, and a popped block that is still cached is evicted then (lazy eviction). A hit
+  on a free cached block unlinks it; freed blocks join the tail in the order given.
 - Two requests that compute the same block make two copies under one key; the key stays cached
   until its last copy is evicted (vLLM keeps a dict of block ids per hash).
 
-A free block's key is 0 when it is a private block (engine/kv_cache_manager.py): cached, so its
-reuse counts as an eviction, but in no map because nobody can look it up.
+Anonymous runs. Only a block registered in the prefix-cache map can ever be found again, so only
+such blocks need an identity in the free queue. Every other free block (never full, or private:
+full but findable by nobody, engine/kv_cache_manager.py) is interchangeable with its neighbours: a
+request's frees put them in the queue as one run entry ``[count, counted_as_eviction]``, and an
+allocation consumes runs by count. Block ids are handed out fresh (a counter) and live as long as
+a block's contents: the id of a registered block is dropped when its key is evicted. Same
+decisions, evictions and outputs as one entry per block (tests/reference_block_pool.py, checked
+byte for byte by tests/test_engine_real_traces.py); a prompt nobody shares costs two queue entries,
+not one per block.
 
-Reference counts are stored sparsely: a block is in use exactly when it is not in the free queue,
-and ``extra_refs`` counts references beyond the first (prefix sharing). A free block's key (None
-when uncached) is the free queue's value, and the caller passes keys in when it frees blocks (a
-request knows the keys of its cached prefix). That lets the common cases (allocating, caching and
-freeing blocks nobody else holds) run as bulk C-level operations on lists and dicts instead of
-Python loops, which is what keeps a chunk's block work cheap.
+Reference counts are stored sparsely: a registered block is in use exactly when it is not in the
+free queue, and ``extra_refs`` counts references beyond the first (prefix sharing).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from itertools import repeat
+from itertools import islice, repeat
 from operator import itemgetter
 
 _first = itemgetter(0)
@@ -31,7 +33,8 @@ _second = itemgetter(1)
 
 
 class BlockPool:
-    __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "num_evictions")
+    __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "num_free",
+                 "num_evictions", "_next_id", "_next_run")
 
     def __init__(self, num_gpu_blocks: int) -> None:
         if num_gpu_blocks < 2:
@@ -40,55 +43,56 @@ class BlockPool:
         self.extra_refs: dict[int, int] = {}  # block -> references beyond the first
         self.cached: dict[int, int] = {}  # key -> first cached copy
         self.dups: dict[int, list[int]] = {}  # key -> further copies (rare)
-        self.free_queue: OrderedDict[int, int | None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
+        # block id (> 0) -> its key, for free registered blocks; run id (< 0) -> [count, evicts]
+        self.free_queue: OrderedDict[int, int | list] = OrderedDict({-1: [num_gpu_blocks - 1, False]})
+        self.num_free = num_gpu_blocks - 1
         self.num_evictions = 0
+        self._next_id = 1
+        self._next_run = -2
 
     def get_num_free_blocks(self) -> int:
-        return len(self.free_queue)
+        return self.num_free
 
     def get_usage(self) -> float:
         """vLLM's kv_cache_usage gauge: evictable cached blocks count as free."""
-        return 1.0 - len(self.free_queue) / (self.num_gpu_blocks - 1)
-
-    def ref_cnt(self, b: int) -> int:
-        if b == 0:
-            return 1  # the null block is never free
-        if b in self.free_queue:
-            return 0
-        return 1 + self.extra_refs.get(b, 0)
+        return 1.0 - self.num_free / (self.num_gpu_blocks - 1)
 
     def get_new_blocks(self, n: int) -> list[int]:
-        """Pop ``n`` blocks from the LRU end; a popped block that is still cached is evicted now."""
+        """Take ``n`` blocks from the LRU end; a taken block that is still cached is evicted now."""
+        if n > self.num_free:
+            raise RuntimeError(f"cannot allocate {n} blocks: only {self.num_free} free")
+        self.num_free -= n
+        first = self._next_id
+        self._next_id = first + n
         fq = self.free_queue
-        if n > len(fq):
-            raise RuntimeError(f"cannot allocate {n} blocks: only {len(fq)} free")
-        if n == 1:  # a decode crossing a block boundary: the common case, kept scalar
-            b, key = fq.popitem(False)
-            if key is not None:
-                self.num_evictions += 1
-                if not key:
-                    pass  # private: in no map
-                elif self.dups:
-                    self._evict(b, key)
+        need = n
+        while need:
+            head = next(iter(fq))
+            if head < 0:  # an anonymous run
+                run = fq[head]
+                count = run[0]
+                take = count if count <= need else need
+                if take == count:
+                    del fq[head]
                 else:
-                    del self.cached[key]
-            return [b]
-        popped = list(map(fq.popitem, repeat(False, n)))
-        out = list(map(_first, popped))
-        values = list(map(_second, popped))
-        evicted = n - values.count(None)
-        if evicted:
-            self.num_evictions += evicted
-            keys = list(filter(None, values))  # registered keys (real keys are never 0)
-            if not keys:
-                pass
-            elif self.dups:
+                    run[0] = count - take
+                if run[1]:
+                    self.num_evictions += take
+                need -= take
+                continue
+            # Registered blocks at the head: take them in bulk, up to the next run.
+            ids = list(islice(fq, need))
+            if min(ids) < 0:
+                ids = ids[:next(i for i, b in enumerate(ids) if b < 0)]
+            popped = list(map(fq.popitem, repeat(False, len(ids))))
+            need -= len(popped)
+            self.num_evictions += len(popped)
+            if self.dups:
                 for b, key in popped:
-                    if key:
-                        self._evict(b, key)
+                    self._evict(b, key)
             else:  # every key has one copy, which must be the popped block
-                deque(map(self.cached.__delitem__, keys), 0)
-        return out
+                deque(map(self.cached.__delitem__, map(_second, popped)), 0)
+        return list(range(first, first + n))
 
     def _evict(self, b: int, key: int) -> None:
         cached = self.cached
@@ -113,6 +117,7 @@ class BlockPool:
         for b in blocks:
             if b in fq:
                 del fq[b]
+                self.num_free -= 1
             else:
                 extra[b] = extra.get(b, 0) + 1
 
@@ -121,22 +126,47 @@ class BlockPool:
         fq = self.free_queue
         return sum(map(fq.__contains__, blocks))
 
-    def free_blocks(self, blocks_in_eviction_order: list[int], keys: list[int | None]) -> None:
+    def _append_run(self, count: int, evicts: bool) -> None:
+        fq = self.free_queue
+        if fq:
+            last = next(reversed(fq))
+            if last < 0:
+                run = fq[last]
+                if run[1] is evicts:
+                    run[0] += count
+                    return
+        fq[self._next_run] = [count, evicts]
+        self._next_run -= 1
+
+    def free_blocks(self, blocks_in_eviction_order: list[int], keys: list[int], num_uncached: int,
+                    num_private: int) -> None:
         """Drop one reference each; blocks reaching zero join the free queue tail in the given order.
 
-        ``keys[i]`` is the key block i is cached under (None if it is not cached).
+        The first ``num_uncached`` blocks are not cached, the next ``num_private`` are private
+        (cached, findable by nobody): both join as anonymous runs. The rest are registered, under
+        ``keys`` (aligned with them).
         """
+        if num_uncached:
+            self._append_run(num_uncached, False)
+        if num_private:
+            self._append_run(num_private, True)
+        skip = num_uncached + num_private
+        self.num_free += skip
+        if not keys:
+            return
+        blocks = blocks_in_eviction_order[skip:] if skip else blocks_in_eviction_order
         extra = self.extra_refs
         fq = self.free_queue
-        shared = extra.keys() & blocks_in_eviction_order if extra else None
+        fq.update(zip(blocks, keys))
+        self.num_free += len(blocks)
+        shared = extra.keys() & blocks if extra else None
         if not shared:
-            fq.update(zip(blocks_in_eviction_order, keys))
             return
-        # Append everything, then take back the blocks other holders still reference: the order of
-        # the rest is unchanged and the common blocks cost one C-level insert each.
-        fq.update(zip(blocks_in_eviction_order, keys))
+        # Take back the blocks other holders still reference: the order of the rest is unchanged
+        # and the common blocks cost one C-level insert each.
         for b in shared:  # other holders remain: drop one reference, keep the block in use
             del fq[b]
+            self.num_free -= 1
             c = extra[b]
             if c == 1:
                 del extra[b]
@@ -163,16 +193,31 @@ class BlockPool:
             else:
                 cached[key] = b
 
-    def check_invariants(self, in_use_keys: dict[int, int | None] | None = None) -> None:
-        """Debug mode: keys and free queue agree (O(pool), never on the hot path).
+    def check_invariants(self, in_use_keys: dict[int, int | None], holders: dict[int, int]) -> None:
+        """Debug mode: counts, references and keys agree (O(pool), never on the hot path).
 
-        ``in_use_keys`` maps each in-use block to the key its holders know it by.
+        ``in_use_keys`` maps each in-use block to the key its holders know it by (None when it is
+        not registered); ``holders`` counts the block tables holding each in-use block.
         """
         fq = self.free_queue
-        assert 0 not in fq, "the null block is in the free queue"
-        for b, c in self.extra_refs.items():
-            assert c >= 1 and b not in fq, f"block {b}: extra refs {c} on a free block"
-        in_use_keys = in_use_keys or {}
+        usable = self.num_gpu_blocks - 1
+        free = 0
+        for b, v in fq.items():
+            if b < 0:
+                assert v[0] > 0, f"empty run {b}"
+                free += v[0]
+            else:
+                assert v, f"free block {b} in the queue without a key"
+                free += 1
+        assert free == self.num_free, f"{free} free blocks counted, {self.num_free} recorded"
+        assert self.num_free + len(holders) == usable, (
+            f"{self.num_free} free + {len(holders)} in use != {usable} usable blocks")
+        for b, held in holders.items():
+            assert b not in fq, f"block {b} is held and free"
+            assert held == 1 + self.extra_refs.get(b, 0), (
+                f"block {b}: held {held} times, ref_cnt {1 + self.extra_refs.get(b, 0)}")
+        for b in self.extra_refs:
+            assert b in holders, f"block {b}: extra refs on a block nobody holds"
 
         def key_of(b: int) -> int | None:
             return fq[b] if b in fq else in_use_keys.get(b)
@@ -184,6 +229,6 @@ class BlockPool:
             for b in copies:
                 assert key_of(b) == key
         n_keys = len(self.cached) + sum(len(c) for c in self.dups.values())
-        n_keyed = sum(1 for k in fq.values() if k) + sum(
+        n_keyed = sum(1 for b in fq if b > 0) + sum(
             1 for b, k in in_use_keys.items() if k is not None and b not in fq)
         assert n_keys == n_keyed, f"{n_keys} cached copies but {n_keyed} keyed blocks"

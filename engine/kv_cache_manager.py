@@ -8,14 +8,12 @@ Private blocks: a full block whose key no other request can hold (it ends past t
 leading trace ids that occur in other rows, or holds generated tokens) is findable only by its
 owner, and only after a preemption. Such blocks are registered in the prefix-cache map when their
 owner is preempted (and eagerly from then on), not when they fill; until then they carry the
-marker 0 in the free queue ("cached, findable by nobody"), so their eviction is still counted.
+free queue as "cached, findable by nobody" (engine/block_pool.py), so their eviction is still counted.
 No lookup result changes; the reference workload's 15 M block registrations and evictions of
 never-shared prompts become free-queue moves only.
 """
 
 from __future__ import annotations
-
-from itertools import repeat
 
 from engine.block_pool import BlockPool
 from engine.request import Request
@@ -26,10 +24,12 @@ _EAGER = 1 << 62  # a preempted request registers every full block (it may look 
 
 class KVCacheManager:
     __slots__ = ("pool", "block_size", "enable_caching", "hash_lookahead", "drop_last_hit")
+    # The pool class: tests swap in tests/reference_block_pool.PerBlockPool to check it end to end.
+    pool_factory = BlockPool
 
     def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = True,
                  hash_lookahead: int = 0, drop_last_hit: bool = False) -> None:
-        self.pool = BlockPool(num_gpu_blocks)
+        self.pool = self.pool_factory(num_gpu_blocks)
         self.block_size = block_size
         self.enable_caching = enable_caching
         # MTP/EAGLE: [0.33] block hashes also cover the next `hash_lookahead` tokens;
@@ -106,12 +106,12 @@ class KVCacheManager:
             num_new_blocks = 0
         if new_computed_blocks:
             evictable = pool.num_free_among(new_computed_blocks)
-            if num_new_blocks + evictable > len(pool.free_queue):
+            if num_new_blocks + evictable > pool.num_free:
                 return False
             pool.touch(new_computed_blocks)
             req.block_ids.extend(new_computed_blocks)
             req.num_cached_blocks = len(req.block_ids)
-        elif num_new_blocks > len(pool.free_queue):
+        elif num_new_blocks > pool.num_free:
             return False
         if num_new_blocks:
             req.block_ids.extend(pool.get_new_blocks(num_new_blocks))
@@ -145,13 +145,10 @@ class KVCacheManager:
                 reg = n
             if reg > n:
                 reg = n
-            keys: list[int | None] = req.keys.keys_upto(reg)[:reg] if reg else []
-            if n > reg:
-                keys.extend(repeat(0, n - reg))  # cached, but findable by nobody
-            if len(blocks) > n:
-                keys.extend(repeat(None, len(blocks) - n))
+            keys = req.keys.keys_upto(reg)[:reg] if reg else []
             blocks.reverse()
             keys.reverse()
-            self.pool.free_blocks(blocks, keys)
+            # Eviction order: the never-full tail, the private blocks, then the registered prefix.
+            self.pool.free_blocks(blocks, keys, len(blocks) - n, n - reg)
         req.block_ids = []
         req.num_cached_blocks = 0

@@ -217,7 +217,4 @@ class Simulator:
                 key = keys[j] if j < len(keys) else None
                 if in_use_keys.get(b) is None:
                     in_use_keys[b] = key
-        pool.check_invariants(in_use_keys)
-        for b in range(1, pool.num_gpu_blocks):
-            assert pool.ref_cnt(b) == holders.get(b, 0), (
-                f"block {b}: ref_cnt {pool.ref_cnt(b)} but held {holders.get(b, 0)} times")
+        pool.check_invariants(in_use_keys, holders)

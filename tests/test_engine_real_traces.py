@@ -69,13 +69,16 @@ def test_fast_forward_is_byte_identical_on_real_traffic(tmp_path, mooncake_trace
 ])
 def test_run_store_and_private_blocks_change_nothing(tmp_path, mooncake_trace, monkeypatch, rows, overrides):
     # The fast paths against their plain references, on real traffic, byte for byte: the G2 run store
-    # against the per-key LRU, and deferred registration of private blocks against registering every
-    # full block (as if every trace id were shared).
+    # against the per-key LRU, the GPU pool's anonymous runs against one free-queue entry per block,
+    # and deferred registration of private blocks against registering every full block (as if
+    # every trace id were shared).
     from engine import trace_input
     from engine.config import load_config
     from engine.cpu_store import KeyLRUStore
+    from engine.kv_cache_manager import KVCacheManager
     from engine.offload import OffloadManager
     from engine.run import resolve_setup
+    from tests.reference_block_pool import PerBlockPool
 
     table, meta = load_trace(mooncake_trace)
     table = table.slice(0, rows)
@@ -85,6 +88,7 @@ def test_run_store_and_private_blocks_change_nothing(tmp_path, mooncake_trace, m
     if "host_offload.num_cpu_blocks=300" in overrides:
         assert info["totals"]["cpu_store_skipped_full"] > 0 and info["totals"]["cpu_blocks_loaded"] > 0
     monkeypatch.setattr(OffloadManager, "store_factory", KeyLRUStore)
+    monkeypatch.setattr(KVCacheManager, "pool_factory", PerBlockPool)
     monkeypatch.setattr(trace_input, "shared_lead", lambda flat, offsets: np.diff(offsets))
     ref = replay_trace(table, meta, cfg, tmp_path / "ref", setup=resolve_setup(cfg)).run_info
     assert ref["totals"] == info["totals"]

@@ -1,0 +1,168 @@
+"""The per-block GPU pool the engine used before anonymous runs: the reference engine/block_pool.py is
+tested against (tests/test_engine_real_traces.py replays traffic with both, byte for byte).
+
+Every block is an entry of the free queue, a physical id recycled forever; a free block's value is
+its key (None: uncached, 0: private, cached but in no map).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from itertools import repeat
+from operator import itemgetter
+
+_first = itemgetter(0)
+_second = itemgetter(1)
+
+
+class PerBlockPool:
+    __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "num_evictions")
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_queue)
+
+    def __init__(self, num_gpu_blocks: int) -> None:
+        if num_gpu_blocks < 2:
+            raise ValueError("num_gpu_blocks must be at least 2 (block 0 is the null block)")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.extra_refs: dict[int, int] = {}  # block -> references beyond the first
+        self.cached: dict[int, int] = {}  # key -> first cached copy
+        self.dups: dict[int, list[int]] = {}  # key -> further copies (rare)
+        self.free_queue: OrderedDict[int, int | None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
+        self.num_evictions = 0
+
+    def get_num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def get_usage(self) -> float:
+        """vLLM's kv_cache_usage gauge: evictable cached blocks count as free."""
+        return 1.0 - len(self.free_queue) / (self.num_gpu_blocks - 1)
+
+    def ref_cnt(self, b: int) -> int:
+        if b == 0:
+            return 1  # the null block is never free
+        if b in self.free_queue:
+            return 0
+        return 1 + self.extra_refs.get(b, 0)
+
+    def get_new_blocks(self, n: int) -> list[int]:
+        """Pop ``n`` blocks from the LRU end; a popped block that is still cached is evicted now."""
+        fq = self.free_queue
+        if n > len(fq):
+            raise RuntimeError(f"cannot allocate {n} blocks: only {len(fq)} free")
+        if n == 1:  # a decode crossing a block boundary: the common case, kept scalar
+            b, key = fq.popitem(False)
+            if key is not None:
+                self.num_evictions += 1
+                if not key:
+                    pass  # private: in no map
+                elif self.dups:
+                    self._evict(b, key)
+                else:
+                    del self.cached[key]
+            return [b]
+        popped = list(map(fq.popitem, repeat(False, n)))
+        out = list(map(_first, popped))
+        values = list(map(_second, popped))
+        evicted = n - values.count(None)
+        if evicted:
+            self.num_evictions += evicted
+            keys = list(filter(None, values))  # registered keys (real keys are never 0)
+            if not keys:
+                pass
+            elif self.dups:
+                for b, key in popped:
+                    if key:
+                        self._evict(b, key)
+            else:  # every key has one copy, which must be the popped block
+                deque(map(self.cached.__delitem__, keys), 0)
+        return out
+
+    def _evict(self, b: int, key: int) -> None:
+        cached = self.cached
+        if cached.get(key) == b:
+            copies = self.dups.get(key)
+            if copies:
+                cached[key] = copies.pop(0)
+                if not copies:
+                    del self.dups[key]
+            else:
+                del cached[key]
+        else:
+            copies = self.dups[key]
+            copies.remove(b)
+            if not copies:
+                del self.dups[key]
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Take a reference on prefix-cache hits, unlinking free ones from the free queue."""
+        fq = self.free_queue
+        extra = self.extra_refs
+        for b in blocks:
+            if b in fq:
+                del fq[b]
+            else:
+                extra[b] = extra.get(b, 0) + 1
+
+    def num_free_among(self, blocks: list[int]) -> int:
+        """How many of ``blocks`` sit in the free queue (hits that would consume free capacity)."""
+        fq = self.free_queue
+        return sum(map(fq.__contains__, blocks))
+
+    def free_blocks(self, blocks_in_eviction_order: list[int], keys: list[int], num_uncached: int,
+                    num_private: int) -> None:
+        """As engine.block_pool.BlockPool.free_blocks, one free-queue entry per block."""
+        keys = [None] * num_uncached + [0] * num_private + list(keys)
+        extra = self.extra_refs
+        fq = self.free_queue
+        shared = extra.keys() & blocks_in_eviction_order if extra else None
+        if not shared:
+            fq.update(zip(blocks_in_eviction_order, keys))
+            return
+        # Append everything, then take back the blocks other holders still reference: the order of
+        # the rest is unchanged and the common blocks cost one C-level insert each.
+        fq.update(zip(blocks_in_eviction_order, keys))
+        for b in shared:  # other holders remain: drop one reference, keep the block in use
+            del fq[b]
+            c = extra[b]
+            if c == 1:
+                del extra[b]
+            else:
+                extra[b] = c - 1
+
+    def cache_full_blocks(self, blocks: list[int], keys: list[int]) -> None:
+        """Register newly full blocks under their keys (at scheduling time, as vLLM does)."""
+        cached = self.cached
+        if len(keys) == 1:
+            key = keys[0]
+            if key in cached:
+                self.dups.setdefault(key, []).append(blocks[0])
+            else:
+                cached[key] = blocks[0]
+            return
+        if cached.keys().isdisjoint(keys):
+            cached.update(zip(keys, blocks))
+            return
+        dups = self.dups
+        for b, key in zip(blocks, keys):
+            if key in cached:
+                dups.setdefault(key, []).append(b)
+            else:
+                cached[key] = b
+
+    def check_invariants(self, in_use_keys: dict[int, int | None], holders: dict[int, int]) -> None:
+        fq = self.free_queue
+        assert 0 not in fq, "the null block is in the free queue"
+        for b in range(1, self.num_gpu_blocks):
+            assert self.ref_cnt(b) == holders.get(b, 0), f"block {b}: ref_cnt {self.ref_cnt(b)}, held {holders.get(b, 0)}"
+
+        def key_of(b: int) -> int | None:
+            return fq[b] if b in fq else in_use_keys.get(b)
+
+        for key, b in self.cached.items():
+            assert key_of(b) == key, f"cached key of block {b} mismatches"
+        for key, copies in self.dups.items():
+            for b in copies:
+                assert key_of(b) == key

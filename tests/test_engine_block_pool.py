@@ -1,0 +1,106 @@
+"""The GPU pool with anonymous runs against the per-block reference (tests/reference_block_pool.py).
+
+Random admissions (prefix hits, new blocks, registration of a prefix of them, private blocks,
+never-full tails) and frees in random order, with shared keys so that hits, shared references and
+duplicate copies all occur. Block ids differ between the two pools (fresh ids against recycled
+ones), so everything is compared through keys: free counts, evictions, the cached key set and the
+hits each admission finds.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.block_pool import BlockPool
+from tests.reference_block_pool import PerBlockPool
+
+
+class _Table:
+    def __init__(self, keys: list[int]) -> None:
+        self.keys = keys
+        self.blocks: list[int] = []
+        self.registered = 0  # leading blocks registered under their keys
+        self.full = 0  # leading full blocks (registered or private)
+
+
+def _hits(pool, keys: list[int]) -> list[int]:
+    out = []
+    for key in keys:
+        b = pool.cached.get(key)
+        if b is None:
+            break
+        out.append(b)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_anonymous_runs_match_per_block_pool(seed):
+    rng = random.Random(seed)
+    n = rng.choice([12, 30, 64])
+    pools = [BlockPool(n), PerBlockPool(n)]
+    active: list[list[_Table]] = []
+    for _ in range(400):
+        if active and (rng.random() < 0.45 or pools[0].num_free < 3):
+            pair = active.pop(rng.randrange(len(active)))
+            for pool, t in zip(pools, pair):
+                blocks = t.blocks[::-1]
+                keys = t.keys[:t.registered][::-1]
+                pool.free_blocks(blocks, keys, len(t.blocks) - t.full, t.full - t.registered)
+        else:
+            # A prompt over a small tree of keys: chained prefixes are shared between requests.
+            keys, node = [], 0
+            for _ in range(rng.randint(1, 8)):
+                node = node * 4 + rng.randint(1, 4)
+                keys.append(node)
+            hits = [_hits(pool, keys) for pool in pools]
+            assert len(hits[0]) == len(hits[1])
+            if rng.random() < 0.3:  # looked up before another request registered the prefix: copies
+                cut = rng.randint(0, len(hits[0]))
+                hits = [h[:cut] for h in hits]
+            nh = len(hits[0])
+            new_full = len(keys) - nh
+            tail = rng.randint(0, 2)  # never-full blocks
+            need = new_full + tail
+            free_hits = [pool.num_free_among(h) for pool, h in zip(pools, hits)]
+            assert free_hits[0] == free_hits[1]
+            if need + free_hits[0] > pools[0].num_free:
+                continue
+            reg = nh + rng.randint(0, new_full)  # the rest of the full blocks stay private
+            pair = []
+            for pool, h in zip(pools, hits):
+                t = _Table(keys)
+                pool.touch(h)
+                t.blocks = h + pool.get_new_blocks(need)
+                if reg > nh:
+                    pool.cache_full_blocks(t.blocks[nh:reg], keys[nh:reg])
+                t.registered, t.full = reg, len(keys)
+                pair.append(t)
+            active.append(pair)
+        a, b = pools
+        assert a.num_free == b.num_free
+        assert a.num_evictions == b.num_evictions
+        assert a.cached.keys() == b.cached.keys()
+        assert {k: len(v) for k, v in a.dups.items()} == {k: len(v) for k, v in b.dups.items()}
+        holders: dict[int, int] = {}
+        in_use: dict[int, int | None] = {}
+        for pair in active:
+            t = pair[0]
+            for j, blk in enumerate(t.blocks):
+                holders[blk] = holders.get(blk, 0) + 1
+                if in_use.get(blk) is None:
+                    in_use[blk] = t.keys[j] if j < t.registered else None
+        a.check_invariants(in_use, holders)
+    assert pools[0].num_evictions > 0
+
+
+def test_a_never_shared_prompt_is_two_queue_entries():
+    pool = BlockPool(10_001)
+    blocks = pool.get_new_blocks(7_500)
+    pool.free_blocks(blocks[::-1], [], 1, 7_499)  # one never-full block, the rest private
+    # The never-full block joins the untouched (uncached) initial run; the private blocks are one run.
+    assert list(pool.free_queue.values()) == [[2_501, False], [7_499, True]]
+    pool.get_new_blocks(9_000)
+    assert pool.num_evictions == 9_000 - 2_501  # private blocks count as evicted, uncached ones not
+    assert pool.num_free == 1_000
