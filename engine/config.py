@@ -89,6 +89,11 @@ class TimingConfig(StrictModel):
     backend: Literal["roofline", "aic"] = "roofline"
     profile: str | None = None  # a calibrated profile YAML from `replay calibrate`
     host_overhead_ms: float | None = Field(None, ge=0.0)  # override the per-step host overhead
+    aic_exact: bool = False
+    """Backend aic only: true prices every distinct step with a direct aiconfigurator call, bit for
+    bit; false (default) prices decode-only steps from segment lines fitted to aiconfigurator (exact
+    to float rounding) and interpolation cells where its table is extrapolated (at most 1e-4
+    relative, measured). See docs/timing.md, "How the aic backend stays fast"."""
 
 
 class EngineConfig(StrictModel):

@@ -47,7 +47,7 @@ def build_timer(config: EngineConfig) -> StepTimer:
         host = timing.host_overhead_ms if timing.host_overhead_ms is not None else hw.timing.host_overhead_ms.value
         nextn = config.speculative.num_speculative_tokens if config.speculative is not None else 0
         return AicTimer(model, hw, tp=config.tensor_parallel_size, dtype=config.dtype, kv_dtype=kv_dtype,
-                        host_overhead_ms=host, nextn=nextn)
+                        host_overhead_ms=host, nextn=nextn, exact=timing.aic_exact)
     params = RooflineParams.from_hardware(hw)
     if timing.profile is not None:
         from engine.timing.profile import load_profile
