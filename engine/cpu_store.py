@@ -26,7 +26,7 @@ from bisect import bisect_right, insort
 from collections import OrderedDict
 from collections.abc import Iterable
 from itertools import repeat
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from engine.block_keys import key_group
 
@@ -88,7 +88,7 @@ class KeyLRUStore:
                 lru[key] = batch
         return len(new), len(victims)
 
-    def touch(self, runs: list[range]) -> None:
+    def touch(self, runs: list[range], groups: list[int] | None = None) -> None:
         lru = self.lru
         for key in [k for run in reversed(runs) for k in reversed(run)]:
             if key in lru:
@@ -146,6 +146,7 @@ class _Seg:
 
 
 _lo = attrgetter("lo")
+_first_key = itemgetter(0)
 
 
 class RunLRUStore:
@@ -358,12 +359,17 @@ class RunLRUStore:
         self.size += new
         return new, evicted
 
-    def touch(self, runs: list[range]) -> None:
-        groups = self.groups
-        if not groups:
+    def touch(self, runs: list[range], groups: list[int] | None = None) -> None:
+        """``groups``: the runs' key groups, when the caller keeps them (a lookup repeated every step)."""
+        held = self.groups
+        if not held:
             return
-        for run in reversed(runs):
-            if key_group(run[0]) in groups:
+        if groups is None:
+            groups = list(map(key_group, map(_first_key, runs)))
+        if held.keys().isdisjoint(groups):
+            return
+        for run, group in zip(reversed(runs), reversed(groups)):
+            if group in held:
                 self._move_to_tail(run[::-1], None)
 
     def count_ready(self, runs: list[range], start: int, ready_below: int) -> int:

@@ -20,12 +20,16 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right
+from operator import itemgetter
 
+from engine.block_keys import key_group
 from engine.config import HostOffloadConfig
 from engine.cpu_store import KeyLRUStore, RunLRUStore, runs_len, runs_slice
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request
 from replay.errors import ConfigError
+
+_first_key = itemgetter(0)
 
 
 class OffloadManager:
@@ -150,7 +154,11 @@ class OffloadManager:
         ready_below = self._first_unready_batch(now_ms)
         start = num_local // bs
         # A blocked queue head is looked up at every step: its key runs are kept with the memo.
-        runs = memo[5] if memo is not None and memo[4] == num_blocks else self._runs(r, 0, num_blocks)
+        if memo is not None and memo[4] == num_blocks:
+            runs, groups = memo[5], memo[6]
+        else:
+            runs = self._runs(r, 0, num_blocks)
+            groups = list(map(key_group, map(_first_key, runs)))
         if memo is not None and memo[0] == self.version and memo[4] == num_blocks:
             # Nothing touched the store since this request's own last lookup: its keys are still the
             # LRU tail in touch order (touching again changes nothing), and the hit count only needs
@@ -160,10 +168,10 @@ class OffloadManager:
             else:
                 hits = store.count_ready(runs, start, ready_below)
         else:
-            store.touch(runs)
+            store.touch(runs, groups)
             self.version += 1
             hits = store.count_ready(runs, start, ready_below)
-        r.lookup_memo = (self.version, ready_below, start, hits, num_blocks, runs)
+        r.lookup_memo = (self.version, ready_below, start, hits, num_blocks, runs, groups)
         r.load_keys = []
         if num_blocks * bs - num_local < bs or not hits:
             return 0

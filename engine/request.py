@@ -67,7 +67,7 @@ class Request:
         self.stores_done_ms = 0.0  # G2: when the last D2H store reading this request's blocks completes
         self.num_stored_offload_blocks = 0  # leading offload blocks already prepared for storing
         self.load_keys: list[range] = []  # G2: runs of CPU keys pinned by this request's H2D load
-        self.lookup_memo: tuple | None = None  # G2: (store version, ready bound, start, hits, blocks, key runs) of the last lookup
+        self.lookup_memo: tuple | None = None  # G2: (store version, ready bound, start, hits, blocks, key runs, their groups) of the last lookup
 
     @property
     def num_tokens(self) -> int:
