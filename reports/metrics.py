@@ -142,8 +142,9 @@ def nice_bucket_ms(span_ms: float) -> float:
     return math.ceil(want / 86400) * 86400 * 1000.0
 
 
-def compute(run: Run, slo: Slo | None = None, *, ideal_from: RunMetrics | None = None) -> RunMetrics:
-    """All metrics of one run; ``ideal_from`` reuses another run's infinite-cache ideal (same trace)."""
+def compute(run: Run, slo: Slo | None = None, *, with_ideal: bool = True) -> RunMetrics:
+    """All metrics of one run. ``with_ideal=False`` skips the infinite-cache ideal (``ideal`` None, no
+    ideal by turn): the diff computes it for one run and gives it to the other with ``share_ideal``."""
     probs = list(PROBS)
     lat = _one(run, "latency", probs=probs)
     run.con.execute(sql("itl_samples"))
@@ -155,11 +156,11 @@ def compute(run: Run, slo: Slo | None = None, *, ideal_from: RunMetrics | None =
     goodput = None
     if slo is not None and not slo.empty:
         goodput = _one(run, "goodput", ttft=slo.ttft, tpot=slo.tpot, e2e=slo.e2e)
-    if ideal_from is None:
+    if with_ideal:
         ideal = _one(run, "reuse_ideal") if build_trace_ideal(run) else None
-    else:  # same trace (the diff checked the fingerprints): reuse the other run's ideal
+    else:
         build_trace_ideal(run, empty=True)
-        ideal = ideal_from.ideal
+        ideal = None
     span = _one(run, "run_window")["last_event_ms"] or 0.0
     bucket_ms = nice_bucket_ms(float(span))
     metrics = RunMetrics(
@@ -179,12 +180,17 @@ def compute(run: Run, slo: Slo | None = None, *, ideal_from: RunMetrics | None =
         keeping_up=_one(run, "keeping_up"),
         status=_rows(run, "status"),
     )
-    if ideal_from is not None:
-        ideal_by_turn = {r["turn_key"]: r["ideal_hit_ratio"] for r in ideal_from.reuse_by_turn}
-        for r in metrics.reuse_by_turn:
-            r["ideal_hit_ratio"] = ideal_by_turn.get(r["turn_key"])
     metrics.warnings = _warnings(run, metrics)
     return metrics
+
+
+def share_ideal(metrics: RunMetrics, source: RunMetrics) -> None:
+    """Give ``metrics`` (computed ``with_ideal=False``) the infinite-cache ideal of ``source``, a run of
+    the same trace (the diff checks the fingerprints): the ideal depends on the trace only."""
+    metrics.ideal = source.ideal
+    ideal_by_turn = {r["turn_key"]: r["ideal_hit_ratio"] for r in source.reuse_by_turn}
+    for r in metrics.reuse_by_turn:
+        r["ideal_hit_ratio"] = ideal_by_turn.get(r["turn_key"])
 
 
 def falling_behind(keeping_up: dict[str, Any]) -> bool | None:

@@ -16,7 +16,9 @@ from replay.cli import app
 from replay.errors import ReplayError
 from reports import bootstrap as bs
 from reports.diff import diff_runs, write_diff
+from reports.metrics import compute
 from reports.slo import Slo
+from reports.views import open_run
 from tests.reports_fixtures import RunSpec, TraceSpec, make_pair, write_run, write_trace
 
 runner = CliRunner()
@@ -80,6 +82,20 @@ def test_slower_config_loses_with_significant_paired_deltas(pair, tmp_path):
     assert out["paired"]["ttft"]["n"] == ttft.n
 
 
+def test_diff_metrics_equal_each_runs_own_report_metrics(pair):
+    """The diff computes both runs side by side and B borrows A's ideal: every metric is still the one
+    `replay report` computes for that run alone."""
+    a, b = pair
+    d = diff_runs(a, b, resamples=10)
+    for outdir, got in zip((a, b), d.metrics, strict=True):
+        run = open_run(outdir)
+        try:
+            alone = compute(run, None)
+        finally:
+            run.con.close()
+        assert got.to_json() == alone.to_json()
+
+
 def test_diff_is_deterministic(pair, tmp_path):
     a, b = pair
     for name in ("x", "y"):
@@ -116,32 +132,52 @@ def test_cli_diff_prints_the_summary(pair, tmp_path):
 
 
 def test_tail_quantile_is_exact():
-    """The fast resampled p99 equals numpy's on the same draws (the tail argument is exact)."""
+    """The resampled p99 from the tail's counts equals numpy's on the same draws (the tail argument is
+    exact), for several sizes so the interpolation weight takes values on both sides of 0.5."""
     rng = np.random.default_rng(0)
-    n = 50_000
-    values = np.concatenate([rng.lognormal(3, 1, n - 100), np.full(100, 7.0)])  # ties too
+    for n in (50_000, 50_003, 21_111, 1_000):
+        values = np.concatenate([rng.lognormal(3, 1, n - 100), np.full(100, 7.0)])  # ties too
+        tail = bs._Tail(values, 0.99)
+        assert (len(tail.index) < n) == (n >= bs.TAIL_MIN_N)
+        for _ in range(20):
+            idx = rng.integers(0, n, size=n)
+            assert tail.quantile(np.bincount(idx, minlength=n)) == np.percentile(values[idx], 99)
+    # Too few draws in the tail: the full computation takes over, still exact.
+    values = np.arange(30_000, dtype=float)
     tail = bs._Tail(values, 0.99)
-    for _ in range(20):
-        idx = rng.integers(0, n, size=n)
-        hits = idx[tail.mask[idx]]
-        assert tail.quantile(idx, hits, 0.99) == np.percentile(values[idx], 99)
+    idx = np.zeros(30_000, dtype=np.intp)
+    idx[:10] = 29_999
+    assert tail.quantile(np.bincount(idx, minlength=30_000)) == np.percentile(values[idx], 99)
 
 
-def test_fast_and_full_bootstrap_agree(monkeypatch):
+def _naive_paired_bootstrap(a, b, resamples, seed, q=0.99):
+    """The textbook paired percentile bootstrap on the same draws (one rng.integers call per resample)."""
+    rng = np.random.default_rng(seed)
+    means, p99s = [], []
+    for _ in range(resamples):
+        idx = rng.integers(0, len(a), size=len(a))
+        means.append((b[idx] - a[idx]).mean())
+        p99s.append(np.percentile(b[idx], q * 100) - np.percentile(a[idx], q * 100))
+    levels = [(1 - bs.CI_LEVEL) / 2 * 100, (1 + bs.CI_LEVEL) / 2 * 100]
+    return np.percentile(means, levels), np.percentile(p99s, levels)
+
+
+@pytest.mark.parametrize("n", [30_000, 5_000])
+def test_bootstrap_equals_the_textbook_paired_bootstrap(n):
+    """Same seed, same draws: the counts-based bootstrap gives the naive one's intervals (p99 exactly,
+    means up to summation rounding), with and without the tail shortcut."""
     rng = np.random.default_rng(1)
-    n = 30_000
     a = rng.lognormal(4, 1, n)
     b = a * 1.05 + rng.normal(0, 3, n)
-    fast = bs.paired_bootstrap({"x": (a, b)}, resamples=150, seed=2)["x"]
-    monkeypatch.setattr(bs, "TAIL_MIN_N", 10**9)
-    full = bs.paired_bootstrap({"x": (a, b)}, resamples=150, seed=2)["x"]
-    # The fast path relabels the requests (tail first), so the draws differ: intervals agree closely.
-    assert fast.mean_delta.estimate == full.mean_delta.estimate
-    assert fast.mean_delta.low == pytest.approx(full.mean_delta.low, rel=0.05)
-    assert fast.mean_delta.high == pytest.approx(full.mean_delta.high, rel=0.05)
-    assert fast.p99_delta.estimate == full.p99_delta.estimate
-    assert fast.p99_delta.low == pytest.approx(full.p99_delta.low, rel=0.05)
-    assert fast.p99_delta.high == pytest.approx(full.p99_delta.high, rel=0.05)
+    got = bs.paired_bootstrap({"x": (a, b)}, resamples=150, seed=2)["x"]
+    (m_lo, m_hi), (p_lo, p_hi) = _naive_paired_bootstrap(a, b, 150, 2)
+    assert got.resamples == 150 and got.n == n
+    assert got.mean_delta.estimate == pytest.approx((b - a).mean(), rel=1e-12)
+    assert (got.mean_delta.low, got.mean_delta.high) == (pytest.approx(m_lo, rel=1e-9), pytest.approx(m_hi, rel=1e-9))
+    assert (got.p99_delta.low, got.p99_delta.high) == (p_lo, p_hi)
+    assert got.p99_delta.estimate == np.percentile(b, 99) - np.percentile(a, 99)
+    again = bs.paired_bootstrap({"x": (a, b)}, resamples=150, seed=2)["x"]
+    assert again == got
 
 
 def test_shortcut_reports_missing_api_or_runs(tmp_path):

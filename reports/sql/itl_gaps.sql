@@ -1,7 +1,15 @@
 -- Inter-token latency samples (ms): one gap per output chunk after a request's first, pooled over
 -- all finished requests (a step that emits several tokens under MTP is one chunk, so one gap).
 -- Long outputs contribute more gaps: this is vLLM's pooled ITL, not a per-request mean.
--- The ANTI JOIN against the (small) set of unfinished requests is much cheaper than NOT IN.
-SELECT time_ms - lag(time_ms) OVER (PARTITION BY request_id ORDER BY time_ms) AS itl_ms
-FROM chunks
-ANTI JOIN (SELECT request_id FROM requests WHERE status <> 'finished') AS unfinished USING (request_id)
+-- The same samples as `time_ms - lag(time_ms) OVER (PARTITION BY request_id ORDER BY time_ms)`, at
+-- about half the cost: each request's chunk times are gathered into one sorted list (a hash
+-- aggregation, no sort of every chunk) and the gaps are the element-wise differences of the list
+-- without its first and without its last element. Unfinished requests are dropped after the
+-- aggregation (an ANTI JOIN of one row per request instead of one per chunk).
+SELECT later - earlier AS itl_ms
+FROM (
+    SELECT unnest(list_slice(times, 2, len(times)))     AS later,
+           unnest(list_slice(times, 1, len(times) - 1)) AS earlier
+    FROM (SELECT request_id, list_sort(list(time_ms)) AS times FROM chunks GROUP BY request_id) AS per_request
+    ANTI JOIN (SELECT request_id FROM requests WHERE status <> 'finished') AS unfinished USING (request_id)
+)

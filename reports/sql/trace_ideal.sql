@@ -12,13 +12,15 @@ ids AS (
     SELECT rn, unnest(hash_ids) AS h, generate_subscripts(hash_ids, 1) AS pos
     FROM t
 ),
+-- Each id's first use, (row, position) packed into one BIGINT ordered as the pair (positions and
+-- rows stay below 2^32 and 2^31), so one min() finds the first row and the id's first position in
+-- it: no join of the 8M-row id list back onto the first uses.
 first_use AS (
-    SELECT h, min(rn) AS first_rn FROM ids GROUP BY h
+    SELECT min(rn * 4294967296 + pos) AS first_key FROM ids GROUP BY h
 ),
+-- A row's first miss: the smallest position of an id the row is the first to use.
 first_miss AS (
-    SELECT ids.rn, min(ids.pos) AS pos
-    FROM ids JOIN first_use AS f ON ids.h = f.h AND ids.rn = f.first_rn
-    GROUP BY ids.rn
+    SELECT first_key // 4294967296 AS rn, min(first_key % 4294967296) AS pos FROM first_use GROUP BY ALL
 )
 SELECT
     t.request_id,
