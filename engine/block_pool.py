@@ -65,6 +65,24 @@ class BlockPool:
         first = self._next_id
         self._next_id = first + n
         fq = self.free_queue
+        if n == 1:  # a decode crossing a block boundary: the common case, kept scalar
+            head = next(iter(fq))
+            if head < 0:
+                run = fq[head]
+                if run[0] == 1:
+                    del fq[head]
+                else:
+                    run[0] -= 1
+                if run[1]:
+                    self.num_evictions += 1
+            else:
+                b, key = fq.popitem(False)
+                self.num_evictions += 1
+                if self.dups:
+                    self._evict(b, key)
+                else:
+                    del self.cached[key]
+            return [first]
         need = n
         while need:
             head = next(iter(fq))
@@ -80,11 +98,19 @@ class BlockPool:
                     self.num_evictions += take
                 need -= take
                 continue
-            # Registered blocks at the head: take them in bulk, up to the next run.
-            ids = list(islice(fq, need))
-            if min(ids) < 0:
-                ids = ids[:next(i for i, b in enumerate(ids) if b < 0)]
-            popped = list(map(fq.popitem, repeat(False, len(ids))))
+            # Registered blocks at the head: take them in bulk, up to the next run. Look ahead in
+            # growing windows, so a short stretch before a run costs little and a long one O(its length).
+            window = 16
+            while True:
+                ids = list(islice(fq, window if window < need else need))
+                if min(ids) < 0:
+                    k = next(i for i, b in enumerate(ids) if b < 0)
+                    break
+                if len(ids) < window or window >= need:
+                    k = len(ids)
+                    break
+                window *= 4
+            popped = list(map(fq.popitem, repeat(False, k)))
             need -= len(popped)
             self.num_evictions += len(popped)
             if self.dups:

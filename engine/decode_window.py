@@ -24,6 +24,8 @@ real scheduler, which may preempt).
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
+from itertools import accumulate, islice, repeat
 
 import numpy as np
 
@@ -40,7 +42,9 @@ def _next_store_step(r, base: int, off_bs: int) -> int:
     """Window step after which ``r``'s next offload block is full (G2 prepares its store then)."""
     return off_bs * (r.num_stored_offload_blocks + 1) - 1 - base
 
-_ALLOC, _STORE = 0, 1  # event kinds; at one step, allocations come before stores (as in schedule())
+# Event kinds, in their order within one step (as in schedule()): allocations, the queue head's
+# CPU lookup, stores.
+_ALLOC, _LOOKUP, _STORE = 0, 1, 2
 
 
 def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next_event_ms: float,
@@ -74,84 +78,89 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     usable = pool.num_gpu_blocks - 1
     base = [r.num_computed_tokens for r in running]
     out0 = [r.num_output_tokens for r in running]
-    ctx = sum(base) + nrun  # decode attention context of the first window step
+    ctx0 = sum(base) + nrun  # decode attention context of the first window step
+
+    # Step times first: every step's duration depends only on its context, so they are computed in
+    # growing batches until the window reaches its length or the next event. times[s] is when step
+    # s starts, times[s + 1] when it ends; accumulate() adds them one after the other, exactly as
+    # stepping would. A step runs if it starts before the next event.
+    durations: list[float] = []
+    times = [now]
+    batch = 16
+    while len(durations) < m and times[-1] < next_event_ms:
+        k = min(batch, m - len(durations))
+        c = ctx0 + len(durations) * nrun
+        new = list(map(step_ms, repeat(0, k), repeat(0, k), repeat(0, k), repeat(0, k), repeat(nrun, k),
+                       repeat(nrun, k), range(c, c + k * nrun, nrun), repeat(0, k)))
+        durations.extend(new)
+        times.extend(islice(accumulate(new, initial=times[-1]), 1, None))
+        batch *= 4
+    limit = bisect_left(times, next_event_ms, 0, min(m, len(durations)))
+
+    # Then the events, in step order: block allocations (a request crossing a block boundary), the
+    # blocked head's CPU lookup, G2 stores. Columns that change only at events are filled in runs.
     events = [(_next_alloc_step(r, b, bs), _ALLOC, pos) for pos, (r, b) in enumerate(zip(running, base))]
+    head = None
     if offload is not None:
         off_bs = offload.block_size
         # A store refused earlier (CPU pool full) is due again at once: clamp to step 0.
         events += [(max(0, _next_store_step(r, b, off_bs)), _STORE, pos)
                    for pos, (r, b) in enumerate(zip(running, base))]
-        stored_col: list[int] = []
-        cpu_used_col: list[int] = []
-        cpu_usage_col: list[float] = []
+        # A blocked queue head is looked up on the CPU tier at every step (after the step's
+        # allocations, before its stores), which moves its held keys to the LRU tail; only a step
+        # that follows stores can change anything, so the window replays the lookup then.
+        if sched.waiting and nrun < lim.max_num_seqs and lim.max_num_batched_tokens > nrun:
+            head = sched.waiting.peek()
+            head_local = kv.get_computed_blocks(head)[1]
+            events.append((0, _LOOKUP, -1))
+        stored_at: list[tuple[int, int]] = []  # (step, bytes stored)
+        cpu_changes = [(0, len(offload.store))]  # (first step, CPU blocks used) after stores
     heapq.heapify(events)
-    # With host offload, a blocked queue head is looked up on the CPU tier at every step (after the
-    # step's allocations, before its stores), which moves its held keys to the LRU tail. Only a step
-    # after stores can change anything, so the window replays the lookup then.
-    head = None
-    if (offload is not None and sched.waiting and nrun < lim.max_num_seqs
-            and lim.max_num_batched_tokens > nrun):
-        head = sched.waiting.peek()
-        head_local = kv.get_computed_blocks(head)[1]
-    lookup_due = True
-    starts: list[float] = []
-    durations: list[float] = []
-    ends: list[float] = []
-    kv_usage: list[float] = []
-    kv_used: list[int] = []
-    t = now
-    s = 0
-    stop = False
-    free = pool.get_num_free_blocks()
-    while s < m and t < next_event_ms:
-        storing = []
-        while events and events[0][0] <= s:
-            _, kind, pos = events[0]
+    free_changes = [(0, pool.get_num_free_blocks())]  # (first step, free blocks) after allocations
+    storing: list[int] = []
+    while events and events[0][0] < limit:
+        s, kind, pos = events[0]
+        if kind == _ALLOC:
             r = running[pos]
-            if kind == _STORE:  # prepared after this step's allocations, with the step's tokens
-                storing.append(pos)
-                heapq.heappop(events)
-                continue
             r.num_computed_tokens = base[pos] + s
             r.num_output_tokens = out0[pos] + s
             if not kv.allocate_slots(r, 1, None, 0):
-                stop = True
+                limit = s  # this step needs the real scheduler (it may preempt)
                 break
             heapq.heapreplace(events, (_next_alloc_step(r, base[pos], bs), _ALLOC, pos))
             free = pool.get_num_free_blocks()
-        if stop:
-            break
-        if head is not None and lookup_due:
-            offload.get_num_new_matched_tokens(head, head_local, t)
-            lookup_due = False
-        if storing:
-            lookup_due = True
-            storing.sort()  # running order, as schedule() passes its scheduled requests
-            for pos in storing:
-                r = running[pos]
-                r.num_computed_tokens = base[pos] + s + 1  # schedule() has counted the step's token
-                r.num_output_tokens = out0[pos] + s
-            offload.prepare_stores([running[pos] for pos in storing], t)
-            for pos in storing:
-                r = running[pos]
-                r.num_computed_tokens = base[pos] + s
-                nxt = _next_store_step(r, base[pos], off_bs)
-                heapq.heappush(events, (nxt if nxt > s else s + 1, _STORE, pos))  # a refused store retries
-        dur = step_ms(0, 0, 0, 0, nrun, nrun, ctx, 0)
-        if offload is not None:
-            offload.step_executed(t, t + dur)
-            stored, _, cpu_used, cpu_usage = offload.step_stats()
-            stored_col.append(stored)
-            cpu_used_col.append(cpu_used)
-            cpu_usage_col.append(cpu_usage)
-        starts.append(t)
-        durations.append(dur)
-        kv_usage.append(1.0 - free / usable)
-        kv_used.append(usable - free)
-        t += dur
-        ends.append(t)
-        ctx += nrun
-        s += 1
+            if free_changes[-1][0] == s:
+                free_changes[-1] = (s, free)
+            else:
+                free_changes.append((s, free))
+            continue
+        heapq.heappop(events)
+        if kind == _LOOKUP:
+            offload.get_num_new_matched_tokens(head, head_local, times[s])
+            continue
+        storing.append(pos)  # prepared after this step's allocations, with the step's tokens
+        if events and events[0][0] == s:
+            continue  # more stores at this step
+        # The step's stores, in running order, as schedule() passes its scheduled requests.
+        for pos in storing:
+            r = running[pos]
+            r.num_computed_tokens = base[pos] + s + 1  # schedule() has counted the step's token
+            r.num_output_tokens = out0[pos] + s
+        offload.prepare_stores([running[pos] for pos in storing], times[s])
+        for pos in storing:
+            r = running[pos]
+            r.num_computed_tokens = base[pos] + s
+            nxt = _next_store_step(r, base[pos], off_bs)
+            heapq.heappush(events, (nxt if nxt > s else s + 1, _STORE, pos))  # a refused store retries
+        storing = []
+        offload.step_executed(times[s], times[s + 1])
+        stored, _, cpu_used, _ = offload.step_stats()
+        if stored:
+            stored_at.append((s, stored))
+        cpu_changes.append((s, cpu_used))
+        if head is not None:
+            heapq.heappush(events, (s + 1, _LOOKUP, -1))
+    s = limit
     if s == 0:
         for pos, r in enumerate(running):
             r.num_computed_tokens = base[pos]
@@ -164,11 +173,32 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
         if caching and r.num_computed_tokens // bs > r.num_cached_blocks:
             kv.allocate_slots(r, 0, None, 0)  # register the blocks decoding filled (see module doc)
     waiting = len(sched.waiting)
+    starts = times[:s]
+    ends = times[1:s + 1]
+    kv_used = _runs_to_column(free_changes, s, lambda free: usable - free)
+    kv_usage = _runs_to_column(free_changes, s, lambda free: 1.0 - free / usable)
     if offload is not None:
-        rec.record_decode_window(step_idx, starts, durations, nrun, waiting, kv_usage, kv_used,
+        stored_col = [0] * s
+        for step, stored in stored_at:
+            stored_col[step] = stored
+        cpu_used_col = _runs_to_column(cpu_changes, s, int)
+        cpu_usage_col = _runs_to_column(cpu_changes, s, lambda used: used / offload.num_cpu_blocks)
+        rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, kv_usage, kv_used,
                                  stored_col, cpu_used_col, cpu_usage_col)
     else:
-        rec.record_decode_window(step_idx, starts, durations, nrun, waiting, kv_usage, kv_used)
+        rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, kv_usage, kv_used)
     idx = np.fromiter((r.idx for r in running), dtype=np.int32, count=nrun)
     rec.emit_chunk_arrays(np.tile(idx, s), np.repeat(np.array(ends), nrun), np.ones(s * nrun, np.int32))
-    return t, s
+    return times[s], s
+
+
+def _runs_to_column(changes: list[tuple[int, object]], n: int, value) -> list:
+    """Per-step column of ``n`` steps from (first step, state) change points, ``value(state)`` each."""
+    col: list = []
+    for i, (step, state) in enumerate(changes):
+        end = changes[i + 1][0] if i + 1 < len(changes) else n
+        if end > n:
+            end = n
+        if end > step:
+            col.extend(repeat(value(state), end - step))
+    return col
