@@ -156,7 +156,7 @@ class RunLRUStore:
         self.stride = block_size  # keys one block apart in a group differ by exactly this
         self.head = _Seg(range(0, 1), -1, 0)  # sentinel: head.next is the least recent run
         self.groups: dict[int, list[_Seg]] = {}
-        self.pins: dict[int, list[range]] = {}  # group -> runs pinned by loads in flight
+        self.pins: dict[int, list[tuple[int, int]]] = {}  # group -> key intervals pinned by loads in flight
         self.size = 0
 
     def __len__(self) -> int:
@@ -276,14 +276,17 @@ class RunLRUStore:
             n += ((seg.hi if seg.hi < hi else hi) - (seg.lo if seg.lo > lo else lo)) // s + 1
         return n
 
-    def _excluded(self, protected: list[range] | None) -> dict[int, list[tuple[int, int]]]:
-        """Key intervals that eviction must skip, per group: pinned keys and this call's keys."""
-        excl: dict[int, list[tuple[int, int]]] = {}
-        for group, runs in self.pins.items():
-            excl[group] = [(min(r[0], r[-1]), max(r[0], r[-1])) for r in runs]
-        for r in protected or ():
-            excl.setdefault(key_group(r[0]), []).append((min(r[0], r[-1]), max(r[0], r[-1])))
-        return excl
+    @staticmethod
+    def _interval(r: range) -> tuple[int, int]:
+        a, b = r[0], r[-1]
+        return (a, b) if a <= b else (b, a)
+
+    def _protected(self, protected: list[range]) -> dict[int, list[tuple[int, int]]]:
+        """This call's key intervals per group (eviction must skip them)."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        for r in protected:
+            out.setdefault(key_group(r[0]), []).append(self._interval(r))
+        return out
 
     def _evictable(self, seg: _Seg, intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """LRU position ranges of ``seg`` outside the given key intervals, least recent first."""
@@ -307,12 +310,17 @@ class RunLRUStore:
 
     def _plan_evictions(self, needed: int, ready_below: int,
                         protected: list[range] | None) -> list[tuple[_Seg, list[tuple[int, int]]]] | None:
-        excl = self._excluded(protected) if (self.pins or protected) else None
+        pins = self.pins
+        mine = self._protected(protected) if protected else None
         plan: list[tuple[_Seg, list[tuple[int, int]]]] = []
         seg = self.head.next
         while seg is not self.head:
             if seg.batch < ready_below:
-                ex = excl.get(seg.group) if excl else None
+                ex = pins.get(seg.group) if pins else None
+                if mine:
+                    own = mine.get(seg.group)
+                    if own:
+                        ex = ex + own if ex else own
                 spans = self._evictable(seg, ex) if ex else [(0, len(seg.rng))]
                 chosen: list[tuple[int, int]] = []
                 for s0, s1 in spans:
@@ -411,12 +419,12 @@ class RunLRUStore:
 
     def pin(self, runs: list[range]) -> None:
         for run in runs:
-            self.pins.setdefault(key_group(run[0]), []).append(run)
+            self.pins.setdefault(key_group(run[0]), []).append(self._interval(run))
 
     def unpin(self, runs: list[range]) -> None:
         for run in runs:
             group = key_group(run[0])
             lst = self.pins[group]
-            lst.remove(run)
+            lst.remove(self._interval(run))
             if not lst:
                 del self.pins[group]

@@ -80,22 +80,24 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     out0 = [r.num_output_tokens for r in running]
     ctx0 = sum(base) + nrun  # decode attention context of the first window step
 
-    # Step times first: every step's duration depends only on its context, so they are computed in
-    # growing batches until the window reaches its length or the next event. times[s] is when step
-    # s starts, times[s + 1] when it ends; accumulate() adds them one after the other, exactly as
-    # stepping would. A step runs if it starts before the next event.
+    # Step times: a step's duration depends only on its context, so they are computed in batches
+    # (doubling) as the events below reach them. times[s] is when step s starts, times[s + 1] when
+    # it ends; accumulate() adds them one after the other, exactly as stepping would. A step runs if
+    # it starts before the next event.
     durations: list[float] = []
     times = [now]
-    batch = 16
-    while len(durations) < m and times[-1] < next_event_ms:
-        k = min(batch, m - len(durations))
+    batch = [16]
+
+    def extend() -> None:
+        k = min(batch[0], m - len(durations))
         c = ctx0 + len(durations) * nrun
         new = list(map(step_ms, repeat(0, k), repeat(0, k), repeat(0, k), repeat(0, k), repeat(nrun, k),
                        repeat(nrun, k), range(c, c + k * nrun, nrun), repeat(0, k)))
         durations.extend(new)
         times.extend(islice(accumulate(new, initial=times[-1]), 1, None))
-        batch *= 4
-    limit = bisect_left(times, next_event_ms, 0, min(m, len(durations)))
+        batch[0] *= 2
+
+    limit = m
 
     # Then the events, in step order: block allocations (a request crossing a block boundary), the
     # blocked head's CPU lookup, G2 stores. Columns that change only at events are filled in runs.
@@ -120,6 +122,10 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     storing: list[int] = []
     while events and events[0][0] < limit:
         s, kind, pos = events[0]
+        while s >= len(durations) and len(durations) < m and times[-1] < next_event_ms:
+            extend()
+        if s >= len(durations) or times[s] >= next_event_ms:
+            break  # step s starts at or after the next event: the window ends before it
         if kind == _ALLOC:
             r = running[pos]
             r.num_computed_tokens = base[pos] + s
@@ -160,7 +166,9 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
         cpu_changes.append((s, cpu_used))
         if head is not None:
             heapq.heappush(events, (s + 1, _LOOKUP, -1))
-    s = limit
+    while len(durations) < limit and times[-1] < next_event_ms:
+        extend()
+    s = bisect_left(times, next_event_ms, 0, min(limit, len(durations)))
     if s == 0:
         for pos, r in enumerate(running):
             r.num_computed_tokens = base[pos]

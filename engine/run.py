@@ -208,6 +208,10 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
             warnings.append(f"{len(rejected)} request(s) rejected before the run (see reject_reason)")
         if totals["unfinished"]:
             warnings.append(f"{totals['unfinished']} request(s) did not finish")
+        if trace.rechained:
+            warnings.append("the trace's hash ids are not chained (an id follows different prefixes, or repeats "
+                            "in a row): the replay chained them, so a block is shared only after the same prefix, "
+                            "as with vLLM's block hashes")
         info = {
             "tool_version": __version__,
             "config": config.model_dump(mode="json"),

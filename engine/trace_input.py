@@ -21,7 +21,8 @@ class TraceArrays:
     delay_ms: np.ndarray  # float64, nan when null
     priority: np.ndarray  # int64, 0 when null
     hash_block_size: int | None
-    shared_lead: np.ndarray  # int64: how many leading ids of the row occur in another row too
+    shared_lead: np.ndarray  # int64: leading ids of the row up to the last one another row has too
+    rechained: bool = False  # the trace's ids were not chained and were made so (chained_ids)
 
     def __len__(self) -> int:
         return len(self.request_id)
@@ -37,9 +38,12 @@ def trace_arrays(table: pa.Table, hash_block_size: int | None) -> TraceArrays:
         hashes = pa.array([], type=pa.list_(pa.uint64()))
     offsets = hashes.offsets.to_numpy().astype(np.int64)
     flat = hashes.flatten().to_numpy(zero_copy_only=False) if len(hashes) else np.zeros(0, np.uint64)
-    values = flat.tolist()
     base = int(offsets[0]) if len(offsets) else 0
     offsets = offsets - base
+    rechained = not is_chained(flat, offsets)
+    if rechained:
+        flat = chained_ids(flat, offsets)
+    values = flat.tolist()
     delay = table.column("delay_ms").to_numpy(zero_copy_only=False).astype(np.float64)
     return TraceArrays(
         request_id=table.column("request_id").to_pylist(),
@@ -54,26 +58,74 @@ def trace_arrays(table: pa.Table, hash_block_size: int | None) -> TraceArrays:
         priority=ints("priority", 0),
         hash_block_size=hash_block_size,
         shared_lead=shared_lead(flat, offsets),
+        rechained=rechained,
     )
 
 
-def shared_lead(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Per row, the number of leading hash ids that also occur in some other row.
+def _previous_ids(flat: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each id's predecessor in its row (0 marks a row start) and whether it has one."""
+    first = np.zeros(len(flat), dtype=bool)
+    starts = offsets[:-1][offsets[:-1] < offsets[1:]]
+    first[starts] = True
+    prev = np.empty_like(flat)
+    if len(flat):
+        prev[0] = 0
+        prev[1:] = flat[:-1]
+        prev[first] = 0
+    return prev, first
 
-    Ids are chained, so another request can only ever hit this row's blocks inside that leading
-    run (its prefix walk stops at the first id it does not share). The engine registers the blocks
-    beyond it in the prefix cache only if their owner is preempted (engine/kv_cache_manager.py).
-    An id repeated inside one row counts as shared: conservative, never a lost hit.
+
+def is_chained(flat: np.ndarray, offsets: np.ndarray) -> bool:
+    """True when every id always follows the same id (or always starts a row): then an id names
+    its whole prefix, as a vLLM block hash does, and shared ids of a row form a leading run."""
+    if not len(flat):
+        return True
+    prev, first = _previous_ids(flat, offsets)
+    order = np.lexsort((first, prev, flat))
+    ids, prevs, firsts = flat[order], prev[order], first[order]
+    same_id = ids[1:] == ids[:-1]
+    return not np.any(same_id & ((prevs[1:] != prevs[:-1]) | (firsts[1:] != firsts[:-1])))
+
+
+def chained_ids(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Ids that name whole prefixes: position i of a row gets one id per distinct (prefix id,
+    trace id) pair, the way vLLM chains block hashes (H(parent, block)). Used only for traces
+    whose ids are not chained already (per-block content hashes, an id repeated in a row):
+    without it a block would match another prompt's block after a different prefix."""
+    out = np.empty(len(flat), dtype=np.uint64)
+    canon: dict[tuple[int, int], int] = {}
+    values = flat.tolist()
+    for r in range(len(offsets) - 1):
+        prev = 0
+        for i in range(int(offsets[r]), int(offsets[r + 1])):
+            key = (prev, values[i])
+            c = canon.get(key)
+            if c is None:
+                c = len(canon) + 1
+                canon[key] = c
+            out[i] = prev = c
+    return out
+
+
+def shared_lead(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per row, the number of leading hash ids up to the last one that also occurs in another row.
+
+    Another request can only ever hit this row's blocks named by ids it holds too, so blocks past
+    that run are findable by their owner alone; the engine registers them in the prefix cache only
+    if their owner is preempted (engine/kv_cache_manager.py). With chained ids the shared ids are a
+    leading run anyway; counting up to the last shared one makes no assumption about it. An id
+    repeated inside one row counts as shared: conservative, never a lost hit.
     """
     n = len(offsets) - 1
     lead = np.zeros(max(n, 0), dtype=np.int64)
     if n <= 0 or not len(flat):
         return lead
     _, inverse, counts = np.unique(flat, return_inverse=True, return_counts=True)
-    private_at = np.where(counts[inverse] > 1, len(flat), np.arange(len(flat)))
     starts, ends = offsets[:-1], offsets[1:]
+    # Position in the row + 1 where the id is shared, 0 where it is not: the row's max is the lead.
+    row_of = np.repeat(np.arange(n), ends - starts)
+    upto = np.where(counts[inverse] > 1, np.arange(len(flat)) - starts[row_of] + 1, 0)
     rows = np.flatnonzero(ends > starts)
     if len(rows):
-        first_private = np.minimum.reduceat(private_at, starts[rows])
-        lead[rows] = np.minimum(first_private, ends[rows]) - starts[rows]
+        lead[rows] = np.maximum.reduceat(upto, starts[rows])
     return lead

@@ -143,8 +143,12 @@ class PerBlockPool:
                 cached[key] = blocks[0]
             return
         if cached.keys().isdisjoint(keys):
+            n0 = len(cached)
             cached.update(zip(keys, blocks))
-            return
+            if len(cached) == n0 + len(keys):
+                return
+            for key in keys:  # a key twice in one call (never with chained ids): take the loop below
+                cached.pop(key, None)
         dups = self.dups
         for b, key in zip(blocks, keys):
             if key in cached:

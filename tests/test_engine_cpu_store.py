@@ -37,9 +37,8 @@ def test_runs_slice():
             assert runs_len(got) == len(flat[i0:i1])
 
 
-def _requests(rng: random.Random, n: int, bs: int):
-    """Requests over a small tree of trace ids (shared prefixes), hash block 4 * bs."""
-    hb = 4 * bs
+def _requests(rng: random.Random, n: int, bs: int, hb: int, la: int):
+    """Requests over a small tree of trace ids (shared prefixes)."""
     out = []
     for tag in range(n):
         depth = rng.randint(1, 6)
@@ -47,16 +46,22 @@ def _requests(rng: random.Random, n: int, bs: int):
         for _ in range(depth):  # children of a node: node * 3 + 1..3, so ids chain
             node = node * 3 + rng.randint(1, 3)
             ids.append(node)
-        tokens = depth * hb - rng.choice([0, 0, bs, bs // 2 + 1])
-        out.append(BlockKeys(ids, 0, depth, hb, bs, tokens, unique_tag=tag + 1))
+        tokens = max(1, depth * hb - rng.choice([0, 0, bs, bs // 2 + 1]))
+        out.append(BlockKeys(ids, 0, depth, hb, bs, tokens, unique_tag=tag + 1, lookahead=la))
     return out
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_run_store_matches_key_store(seed):
+# (offload block size, hash block size, lookahead): hash blocks of 4 offload blocks, of one, of a
+# non-multiple, smaller than an offload block; with and without MTP lookahead hashes.
+_SHAPES = [(16, 64, 0), (16, 16, 2), (16, 40, 3), (64, 32, 0), (32, 96, 1)]
+
+
+@pytest.mark.parametrize("shape", _SHAPES)
+@pytest.mark.parametrize("seed", range(6))
+def test_run_store_matches_key_store(seed, shape):
     rng = random.Random(seed)
-    bs = 16
-    reqs = _requests(rng, 12, bs)
+    bs, hb, la = shape
+    reqs = _requests(rng, 12, bs, hb, la)
     capacity = rng.choice([6, 15, 40, 200])
     ref, run = KeyLRUStore(), RunLRUStore(bs)
     pins: list[list[range]] = []

@@ -46,3 +46,25 @@ def test_fast_forward_is_byte_identical(tmp_path, blocks, budget, cpu_blocks):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     if blocks == 60:
         assert ia["totals"]["preemptions"] > 0  # the small pool really exercises preemption
+
+
+@pytest.mark.parametrize("blocks", [300, 5000])
+def test_decode_windows_time_few_steps_they_do_not_take(tmp_path, blocks):
+    # Window step times are computed in batches as events reach them; a window cut short (an
+    # allocation that needs the scheduler, the next arrival) must not have timed many more steps.
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(1)
+    rows, t = [], 0
+    for i in range(200):
+        t += int(rng.exponential(50))
+        inp = int(rng.integers(20, 400))
+        rows.append(dict(arrival_ms=t, input_tokens=inp, output_tokens=int(rng.integers(500, 3000)),
+                         hash_ids=[10**6 + i * 100 + j for j in range(-(-inp // 16))]))
+    table, meta = make_trace(rows, 16)
+    cfg = EngineConfig.model_validate({"scheduler": {"max_num_batched_tokens": 256}})
+    timer = FixedTimer(5.0, 0.01)
+    replay_trace(table, meta, cfg, tmp_path / "out", setup=setup_for(blocks, timer))
+    steps = pq.read_metadata(tmp_path / "out" / "steps.parquet").num_rows
+    assert steps > 5000
+    assert len(timer.calls) <= 2.5 * steps, (len(timer.calls), steps)

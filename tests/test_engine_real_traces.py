@@ -70,9 +70,8 @@ def test_fast_forward_is_byte_identical_on_real_traffic(tmp_path, mooncake_trace
 def test_run_store_and_private_blocks_change_nothing(tmp_path, mooncake_trace, monkeypatch, rows, overrides):
     # The fast paths against their plain references, on real traffic, byte for byte: the G2 run store
     # against the per-key LRU, the GPU pool's anonymous runs against one free-queue entry per block,
-    # and deferred registration of private blocks against registering every full block (as if
-    # every trace id were shared).
-    from engine import trace_input
+    # and deferred registration of private blocks against registering every full block at once
+    # (generated tokens included).
     from engine.config import load_config
     from engine.cpu_store import KeyLRUStore
     from engine.kv_cache_manager import KVCacheManager
@@ -89,7 +88,7 @@ def test_run_store_and_private_blocks_change_nothing(tmp_path, mooncake_trace, m
         assert info["totals"]["cpu_store_skipped_full"] > 0 and info["totals"]["cpu_blocks_loaded"] > 0
     monkeypatch.setattr(OffloadManager, "store_factory", KeyLRUStore)
     monkeypatch.setattr(KVCacheManager, "pool_factory", PerBlockPool)
-    monkeypatch.setattr(trace_input, "shared_lead", lambda flat, offsets: np.diff(offsets))
+    monkeypatch.setattr(KVCacheManager, "_registrable", staticmethod(lambda req: 1 << 62))
     ref = replay_trace(table, meta, cfg, tmp_path / "ref", setup=resolve_setup(cfg)).run_info
     assert ref["totals"] == info["totals"]
     for name in ("requests.parquet", "chunks.parquet", "steps.parquet"):
@@ -103,3 +102,60 @@ def test_shared_lead_counts_leading_ids_seen_in_other_rows():
     flat = np.array([i for r in rows for i in r], dtype=np.uint64)
     offsets = np.cumsum([0] + [len(r) for r in rows])
     assert shared_lead(flat, offsets).tolist() == [2, 2, 0, 0, 1, 2]
+
+
+def _unchained_rows(rng, n: int) -> list[dict]:
+    """Per-block content ids (not chained): ids recur after different prefixes and inside a row."""
+    rows, t = [], 0
+    for _ in range(n):
+        t += int(rng.integers(0, 30))
+        k = int(rng.integers(1, 6))
+        ids = [int(x) for x in rng.integers(1, 7, size=k)]
+        rows.append(dict(arrival_ms=t, input_tokens=16 * k - int(rng.integers(0, 8)),
+                         output_tokens=int(rng.integers(1, 40)), hash_ids=ids))
+    return rows
+
+
+@pytest.mark.parametrize("block_size,host", [(16, None), (32, None), (16, {"num_cpu_blocks": 40})])
+def test_unchained_ids_are_chained_and_fast_paths_match(tmp_path, monkeypatch, block_size, host):
+    # Ids that are per-block content hashes (not chained) are chained at load, as vLLM chains block
+    # hashes; then the fast paths match their references byte for byte, preemptions included.
+    from engine.cpu_store import KeyLRUStore
+    from engine.kv_cache_manager import KVCacheManager
+    from engine.offload import OffloadManager
+    from tests.engine_helpers import make_trace
+    from tests.reference_block_pool import PerBlockPool
+
+    rng = np.random.default_rng(block_size)
+    table, meta = make_trace(_unchained_rows(rng, 300), 16)
+    cfg = EngineConfig.model_validate({"kv_cache": {"block_size": block_size}, "host_offload": host,
+                                       "scheduler": {"max_num_batched_tokens": 64}})
+    setup = setup_for(24 if block_size == 16 else 12, FixedTimer(5.0))
+    info = replay_trace(table, meta, cfg, tmp_path / "fast", setup=setup, check_invariants=True).run_info
+    assert any("not chained" in w for w in info["warnings"])
+    assert info["totals"]["preemptions"] > 0 and info["totals"]["prefix_hit_tokens"] > 0
+    monkeypatch.setattr(OffloadManager, "store_factory", KeyLRUStore)
+    monkeypatch.setattr(KVCacheManager, "pool_factory", PerBlockPool)
+    monkeypatch.setattr(KVCacheManager, "_registrable", staticmethod(lambda req: 1 << 62))
+    ref = replay_trace(table, meta, cfg, tmp_path / "ref", setup=setup, check_invariants=True).run_info
+    assert ref["totals"] == info["totals"]
+    for name in ("requests.parquet", "chunks.parquet", "steps.parquet"):
+        assert (tmp_path / "fast" / name).read_bytes() == (tmp_path / "ref" / name).read_bytes(), name
+
+
+def test_chaining_of_hash_ids():
+    from engine.trace_input import chained_ids, is_chained
+
+    def flat(rows):
+        return (np.array([i for r in rows for i in r], dtype=np.uint64),
+                np.cumsum([0] + [len(r) for r in rows]))
+
+    assert is_chained(*flat([[1, 2, 3], [1, 2, 4], [5], [], [1, 9]]))
+    for rows in ([[1, 2], [7, 2]], [[5, 5, 6]], [[1, 2], [2]]):
+        assert not is_chained(*flat(rows))
+    ids, offsets = flat([[1, 2, 9], [7, 2, 8], [1, 2, 3], [5, 5, 5]])
+    got = chained_ids(ids, offsets).tolist()
+    # Same prefix -> same id; same content after another prefix, or repeated in a row -> new ids.
+    assert got[0] == got[6] and got[1] == got[7] and got[2] != got[8]
+    assert len({got[1], got[4]}) == 2 and len(set(got[9:12])) == 3
+    assert is_chained(chained_ids(ids, offsets), offsets)
