@@ -7,33 +7,32 @@
 - Two requests that compute the same block make two copies under one key; the key stays cached
   until its last copy is evicted (vLLM keeps a dict of block ids per hash).
 
-Anonymous runs. Only a block registered in the prefix-cache map can ever be found again, so only
-such blocks need an identity in the free queue. Every other free block (never full, or private:
-full but findable by nobody, engine/kv_cache_manager.py) is interchangeable with its neighbours: a
-request's frees put them in the queue as one run entry ``[count, counted_as_eviction]``, and an
-allocation consumes runs by count. Block ids are handed out fresh (a counter) and live as long as
-a block's contents: the id of a registered block is dropped when its key is evicted. Same
-decisions, evictions and outputs as one entry per block (tests/reference_block_pool.py, checked
-byte for byte by tests/test_engine_real_traces.py); a prompt nobody shares costs two queue entries,
-not one per block.
+Runs. The free queue is a sequence of runs, one entry per free call and kind, oldest first:
+- anonymous runs ``[count, counted_as_eviction]``: free blocks nobody can find again (never full,
+  or private: full but findable by nobody, engine/kv_cache_manager.py) are interchangeable, so a
+  run only counts them;
+- registered runs ``[blocks, keys, next, stale]``: blocks in the prefix-cache map, in eviction
+  order. ``where`` maps each free registered block to its run; a hit on a free block (touch)
+  removes it from ``where`` and leaves a stale entry that allocation skips.
+An allocation consumes runs from the head by slicing. Block ids are handed out fresh (a counter) and
+live as long as a block's contents: the id of a registered block is dropped when its key is
+evicted. Same decisions, evictions and outputs as one entry per block (tests/reference_block_pool.py,
+compared call by call by tests/test_engine_block_pool.py and replay by replay, byte for byte, by
+tests/test_engine_real_traces.py); a freed prompt costs a few queue entries, not one per block.
 
-Reference counts are stored sparsely: a registered block is in use exactly when it is not in the
-free queue, and ``extra_refs`` counts references beyond the first (prefix sharing).
+Reference counts are stored sparsely: a registered block is in use exactly when it is not in
+``where``, and ``extra_refs`` counts references beyond the first (prefix sharing).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from itertools import islice, repeat
-from operator import itemgetter
-
-_first = itemgetter(0)
-_second = itemgetter(1)
+from itertools import repeat
 
 
 class BlockPool:
-    __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "num_free",
+    __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "where", "num_free",
                  "num_evictions", "_next_id", "_next_run")
 
     def __init__(self, num_gpu_blocks: int) -> None:
@@ -43,12 +42,13 @@ class BlockPool:
         self.extra_refs: dict[int, int] = {}  # block -> references beyond the first
         self.cached: dict[int, int] = {}  # key -> first cached copy
         self.dups: dict[int, list[int]] = {}  # key -> further copies (rare)
-        # block id (> 0) -> its key, for free registered blocks; run id (< 0) -> [count, evicts]
-        self.free_queue: OrderedDict[int, int | list] = OrderedDict({-1: [num_gpu_blocks - 1, False]})
+        # run id -> [count, evicts] (anonymous) or [blocks, keys, next, stale] (registered)
+        self.free_queue: OrderedDict[int, list] = OrderedDict({0: [num_gpu_blocks - 1, False]})
+        self.where: dict[int, int] = {}  # free registered block -> its run id
         self.num_free = num_gpu_blocks - 1
         self.num_evictions = 0
         self._next_id = 1
-        self._next_run = -2
+        self._next_run = 1
 
     def get_num_free_blocks(self) -> int:
         return self.num_free
@@ -66,59 +66,77 @@ class BlockPool:
         self._next_id = first + n
         fq = self.free_queue
         if n == 1:  # a decode crossing a block boundary: the common case, kept scalar
-            head = next(iter(fq))
-            if head < 0:
-                run = fq[head]
+            rid = next(iter(fq))
+            run = fq[rid]
+            if len(run) == 2:
                 if run[0] == 1:
-                    del fq[head]
+                    del fq[rid]
                 else:
                     run[0] -= 1
                 if run[1]:
                     self.num_evictions += 1
-            else:
-                b, key = fq.popitem(False)
+                return [first]
+            if not run[3]:
+                nxt = run[2]
+                b, key = run[0][nxt], run[1][nxt]
+                if nxt + 1 == len(run[0]):
+                    del fq[rid]
+                else:
+                    run[2] = nxt + 1
+                del self.where[b]
                 self.num_evictions += 1
                 if self.dups:
                     self._evict(b, key)
                 else:
                     del self.cached[key]
-            return [first]
+                return [first]
         need = n
         while need:
-            head = next(iter(fq))
-            if head < 0:  # an anonymous run
-                run = fq[head]
+            rid = next(iter(fq))
+            run = fq[rid]
+            if len(run) == 2:  # anonymous
                 count = run[0]
                 take = count if count <= need else need
                 if take == count:
-                    del fq[head]
+                    del fq[rid]
                 else:
                     run[0] = count - take
                 if run[1]:
                     self.num_evictions += take
                 need -= take
                 continue
-            # Registered blocks at the head: take them in bulk, up to the next run. Look ahead in
-            # growing windows, so a short stretch before a run costs little and a long one O(its length).
-            window = 16
-            while True:
-                ids = list(islice(fq, window if window < need else need))
-                if min(ids) < 0:
-                    k = next(i for i, b in enumerate(ids) if b < 0)
-                    break
-                if len(ids) < window or window >= need:
-                    k = len(ids)
-                    break
-                window *= 4
-            popped = list(map(fq.popitem, repeat(False, k)))
-            need -= len(popped)
-            self.num_evictions += len(popped)
-            if self.dups:
-                for b, key in popped:
-                    self._evict(b, key)
-            else:  # every key has one copy, which must be the popped block
-                deque(map(self.cached.__delitem__, map(_second, popped)), 0)
-        return list(range(first, first + n))
+            blocks, keys, nxt, stale = run
+            end = len(blocks)
+            if not stale:  # no hit took a block out of this run: a plain slice
+                stop = nxt + need if nxt + need < end else end
+                taken = blocks[nxt:stop]
+                taken_keys = keys[nxt:stop]
+            else:  # skip the entries hits took out
+                where = self.where
+                taken, taken_keys = [], []
+                stop = nxt
+                while stop < end and len(taken) < need:
+                    b = blocks[stop]
+                    if where.get(b) == rid:
+                        taken.append(b)
+                        taken_keys.append(keys[stop])
+                    else:
+                        run[3] -= 1
+                    stop += 1
+            if stop >= end:
+                del fq[rid]
+            else:
+                run[2] = stop
+            if taken:
+                need -= len(taken)
+                self.num_evictions += len(taken)
+                deque(map(self.where.__delitem__, taken), 0)
+                if self.dups:
+                    for b, key in zip(taken, taken_keys):
+                        self._evict(b, key)
+                else:  # every key has one copy, which must be the taken block
+                    deque(map(self.cached.__delitem__, taken_keys), 0)
+        return [first] if n == 1 else list(range(first, first + n))
 
     def _evict(self, b: int, key: int) -> None:
         cached = self.cached
@@ -137,32 +155,31 @@ class BlockPool:
                 del self.dups[key]
 
     def touch(self, blocks: Iterable[int]) -> None:
-        """Take a reference on prefix-cache hits, unlinking free ones from the free queue."""
+        """Take a reference on prefix-cache hits, taking free ones out of the free queue."""
+        where = self.where
         fq = self.free_queue
         extra = self.extra_refs
         for b in blocks:
-            if b in fq:
-                del fq[b]
+            rid = where.pop(b, None)
+            if rid is not None:
+                fq[rid][3] += 1
                 self.num_free -= 1
             else:
                 extra[b] = extra.get(b, 0) + 1
 
     def num_free_among(self, blocks: list[int]) -> int:
         """How many of ``blocks`` sit in the free queue (hits that would consume free capacity)."""
-        fq = self.free_queue
-        return sum(map(fq.__contains__, blocks))
+        return sum(map(self.where.__contains__, blocks))
 
     def _append_run(self, count: int, evicts: bool) -> None:
         fq = self.free_queue
         if fq:
-            last = next(reversed(fq))
-            if last < 0:
-                run = fq[last]
-                if run[1] is evicts:
-                    run[0] += count
-                    return
+            run = fq[next(reversed(fq))]
+            if len(run) == 2 and run[1] is evicts:
+                run[0] += count
+                return
         fq[self._next_run] = [count, evicts]
-        self._next_run -= 1
+        self._next_run += 1
 
     def free_blocks(self, blocks_in_eviction_order: list[int], keys: list[int], num_uncached: int,
                     num_private: int) -> None:
@@ -182,22 +199,25 @@ class BlockPool:
             return
         blocks = blocks_in_eviction_order[skip:] if skip else blocks_in_eviction_order
         extra = self.extra_refs
-        fq = self.free_queue
-        fq.update(zip(blocks, keys))
-        self.num_free += len(blocks)
         shared = extra.keys() & blocks if extra else None
-        if not shared:
-            return
-        # Take back the blocks other holders still reference: the order of the rest is unchanged
-        # and the common blocks cost one C-level insert each.
-        for b in shared:  # other holders remain: drop one reference, keep the block in use
-            del fq[b]
-            self.num_free -= 1
-            c = extra[b]
-            if c == 1:
-                del extra[b]
-            else:
-                extra[b] = c - 1
+        if shared:
+            # Other holders remain: drop one reference each and keep those blocks in use.
+            for b in shared:
+                c = extra[b]
+                if c == 1:
+                    del extra[b]
+                else:
+                    extra[b] = c - 1
+            kept = [(b, k) for b, k in zip(blocks, keys) if b not in shared]
+            if not kept:
+                return
+            blocks = [b for b, _ in kept]
+            keys = [k for _, k in kept]
+        rid = self._next_run
+        self._next_run += 1
+        self.free_queue[rid] = [blocks, keys, 0, 0]
+        self.where.update(zip(blocks, repeat(rid)))
+        self.num_free += len(blocks)
 
     def cache_full_blocks(self, blocks: list[int], keys: list[int]) -> None:
         """Register newly full blocks under their keys (at scheduling time, as vLLM does)."""
@@ -229,28 +249,32 @@ class BlockPool:
         ``in_use_keys`` maps each in-use block to the key its holders know it by (None when it is
         not registered); ``holders`` counts the block tables holding each in-use block.
         """
-        fq = self.free_queue
         usable = self.num_gpu_blocks - 1
         free = 0
-        for b, v in fq.items():
-            if b < 0:
-                assert v[0] > 0, f"empty run {b}"
-                free += v[0]
-            else:
-                assert v, f"free block {b} in the queue without a key"
-                free += 1
+        free_keys: dict[int, int] = {}
+        for rid, run in self.free_queue.items():
+            if len(run) == 2:
+                assert run[0] > 0, f"empty run {rid}"
+                free += run[0]
+                continue
+            blocks, keys, nxt, stale = run
+            live = [(b, k) for b, k in zip(blocks[nxt:], keys[nxt:]) if self.where.get(b) == rid]
+            assert len(live) == len(blocks) - nxt - stale, f"run {rid}: stale count {stale} is off"
+            free += len(live)
+            free_keys.update(live)
+        assert len(free_keys) == len(self.where), "where and the runs disagree"
         assert free == self.num_free, f"{free} free blocks counted, {self.num_free} recorded"
         assert self.num_free + len(holders) == usable, (
             f"{self.num_free} free + {len(holders)} in use != {usable} usable blocks")
         for b, held in holders.items():
-            assert b not in fq, f"block {b} is held and free"
+            assert b not in self.where, f"block {b} is held and free"
             assert held == 1 + self.extra_refs.get(b, 0), (
                 f"block {b}: held {held} times, ref_cnt {1 + self.extra_refs.get(b, 0)}")
         for b in self.extra_refs:
             assert b in holders, f"block {b}: extra refs on a block nobody holds"
 
         def key_of(b: int) -> int | None:
-            return fq[b] if b in fq else in_use_keys.get(b)
+            return free_keys[b] if b in free_keys else in_use_keys.get(b)
 
         for key, b in self.cached.items():
             assert key_of(b) == key, f"cached key of block {b} mismatches"
@@ -259,6 +283,5 @@ class BlockPool:
             for b in copies:
                 assert key_of(b) == key
         n_keys = len(self.cached) + sum(len(c) for c in self.dups.values())
-        n_keyed = sum(1 for b in fq if b > 0) + sum(
-            1 for b, k in in_use_keys.items() if k is not None and b not in fq)
+        n_keyed = len(free_keys) + sum(1 for b, k in in_use_keys.items() if k is not None)
         assert n_keys == n_keyed, f"{n_keys} cached copies but {n_keyed} keyed blocks"
