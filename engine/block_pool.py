@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from itertools import repeat
+from itertools import compress, repeat
+from operator import not_
 
 
 class BlockPool:
@@ -208,11 +209,11 @@ class BlockPool:
                     del extra[b]
                 else:
                     extra[b] = c - 1
-            kept = [(b, k) for b, k in zip(blocks, keys) if b not in shared]
-            if not kept:
+            free = list(map(not_, map(shared.__contains__, blocks)))
+            blocks = list(compress(blocks, free))
+            if not blocks:
                 return
-            blocks = [b for b, _ in kept]
-            keys = [k for _, k in kept]
+            keys = list(compress(keys, free))
         rid = self._next_run
         self._next_run += 1
         self.free_queue[rid] = [blocks, keys, 0, 0]
