@@ -101,7 +101,8 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
 
     # Then the events, in step order: block allocations (a request crossing a block boundary), the
     # blocked head's CPU lookup, G2 stores. Columns that change only at events are filled in runs.
-    events = [(_next_alloc_step(r, b, bs), _ALLOC, pos) for pos, (r, b) in enumerate(zip(running, base))]
+    # _next_alloc_step, inlined: this runs for every running request of every window.
+    events = [(bs * len(r.block_ids) - b, _ALLOC, pos) for pos, (r, b) in enumerate(zip(running, base))]
     head = None
     if offload is not None:
         off_bs = offload.block_size
