@@ -17,8 +17,8 @@ run inside one ``key_group``. ``RunLRUStore`` keeps the LRU as a linked list of 
 store of a prefill chunk, its later eviction and a lookup cost a few operations per trace block
 rather than per offload block (a Mooncake trace block of 512 tokens is 32 blocks of 16): the
 reference workload's 2 M-block pool holds about 65,000 runs. Generated tokens are stored one block
-per step, so on decode-heavy traffic runs are shorter (one block each, at worst: no worse than the
-per-key store).
+per step, so on decode-heavy traffic runs are shorter, at worst one block each, where a run (a
+Python object in a linked list) costs more than a per-key OrderedDict entry.
 ``KeyLRUStore`` is the plain per-key version: the reference the run store is tested against.
 """
 
