@@ -26,7 +26,7 @@ _UNIQUE_BITS = 40  # token positions inside one request (< 2**40 tokens)
 class BlockKeys:
     """Block keys for one request. Keys are plain ints (fast dict keys); unique keys are negative."""
 
-    __slots__ = ("ids", "start", "end", "hash_block_size", "block_size", "input_tokens",
+    __slots__ = ("ids", "start", "hash_block_size", "block_size", "input_tokens",
                  "unique_tag", "lookahead", "_memo", "shared_blocks")
 
     def __init__(self, ids: list[int], start: int, end: int, hash_block_size: int | None,
@@ -34,7 +34,6 @@ class BlockKeys:
                  shared_ids: int | None = None) -> None:
         self.ids = ids  # shared flat list of every row's ids; this request's are ids[start:end]
         self.start = start
-        self.end = end
         self.hash_block_size = hash_block_size or 0
         self.block_size = block_size
         self.input_tokens = input_tokens if end > start and hash_block_size else 0

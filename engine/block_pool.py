@@ -54,10 +54,6 @@ class BlockPool:
     def get_num_free_blocks(self) -> int:
         return self.num_free
 
-    def get_usage(self) -> float:
-        """vLLM's kv_cache_usage gauge: evictable cached blocks count as free."""
-        return 1.0 - self.num_free / (self.num_gpu_blocks - 1)
-
     def get_new_blocks(self, n: int) -> list[int]:
         """Take ``n`` blocks from the LRU end; a taken block that is still cached is evicted now."""
         if n > self.num_free:

@@ -56,7 +56,7 @@ def runs_slice(runs: list[range], i0: int, i1: int) -> list[range]:
 class KeyLRUStore:
     """One OrderedDict entry per key (key -> batch id of the copy that wrote it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, block_size: int) -> None:  # the block size matters to the run store only
         self.lru: OrderedDict[int, int] = OrderedDict()
         self.pins: dict[int, int] = {}
 

@@ -58,7 +58,7 @@ class OffloadManager:
         self.latency_ms = cfg.latency_us / 1e3
         # The store records the id of the store batch (one per step) that wrote each key; batch b's
         # copy completes at batch_done[b] (the D2H lane is FIFO, so completion times never decrease).
-        self.store = RunLRUStore(off_bs) if self.store_factory is RunLRUStore else self.store_factory()
+        self.store = self.store_factory(off_bs)
         self.batch_done: list[float] = []
         self.version = 0  # bumped by every change to the store's contents or LRU order
         self.d2h_free_ms = 0.0

@@ -73,10 +73,6 @@ class Request:
     def num_tokens(self) -> int:
         return self.num_prompt_tokens + self.num_output_tokens
 
-    @property
-    def num_tokens_with_spec(self) -> int:
-        return self.num_prompt_tokens + self.num_output_tokens + self.num_draft_tokens
-
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return (f"Request({self.request_id!r}, computed={self.num_computed_tokens}, "
                 f"tokens={self.num_tokens}, out={self.num_output_tokens}, status={self.status.name})")

@@ -12,11 +12,15 @@ from collections.abc import Iterable
 from itertools import repeat
 from operator import itemgetter
 
+from engine.block_pool import BlockPool
+
 _first = itemgetter(0)
 _second = itemgetter(1)
 
 
 class PerBlockPool:
+    """One free-queue entry per block; the prefix-cache key map (cached, dups) is BlockPool's own."""
+
     __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "num_evictions")
 
     @property
@@ -35,10 +39,6 @@ class PerBlockPool:
 
     def get_num_free_blocks(self) -> int:
         return len(self.free_queue)
-
-    def get_usage(self) -> float:
-        """vLLM's kv_cache_usage gauge: evictable cached blocks count as free."""
-        return 1.0 - len(self.free_queue) / (self.num_gpu_blocks - 1)
 
     def ref_cnt(self, b: int) -> int:
         if b == 0:
@@ -80,22 +80,6 @@ class PerBlockPool:
                 deque(map(self.cached.__delitem__, keys), 0)
         return out
 
-    def _evict(self, b: int, key: int) -> None:
-        cached = self.cached
-        if cached.get(key) == b:
-            copies = self.dups.get(key)
-            if copies:
-                cached[key] = copies.pop(0)
-                if not copies:
-                    del self.dups[key]
-            else:
-                del cached[key]
-        else:
-            copies = self.dups[key]
-            copies.remove(b)
-            if not copies:
-                del self.dups[key]
-
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on prefix-cache hits, unlinking free ones from the free queue."""
         fq = self.free_queue
@@ -132,29 +116,9 @@ class PerBlockPool:
             else:
                 extra[b] = c - 1
 
-    def cache_full_blocks(self, blocks: list[int], keys: list[int]) -> None:
-        """Register newly full blocks under their keys (at scheduling time, as vLLM does)."""
-        cached = self.cached
-        if len(keys) == 1:
-            key = keys[0]
-            if key in cached:
-                self.dups.setdefault(key, []).append(blocks[0])
-            else:
-                cached[key] = blocks[0]
-            return
-        if cached.keys().isdisjoint(keys):
-            n0 = len(cached)
-            cached.update(zip(keys, blocks))
-            if len(cached) == n0 + len(keys):
-                return
-            for key in keys:  # a key twice in one call (never with chained ids): take the loop below
-                cached.pop(key, None)
-        dups = self.dups
-        for b, key in zip(blocks, keys):
-            if key in cached:
-                dups.setdefault(key, []).append(b)
-            else:
-                cached[key] = b
+    # The key map is the same in both pools: only the free queue is under test.
+    _evict = BlockPool._evict
+    cache_full_blocks = BlockPool.cache_full_blocks
 
     def check_invariants(self, in_use_keys: dict[int, int | None], holders: dict[int, int]) -> None:
         fq = self.free_queue

@@ -63,7 +63,7 @@ def test_run_store_matches_key_store(seed, shape):
     bs, hb, la = shape
     reqs = _requests(rng, 12, bs, hb, la)
     capacity = rng.choice([6, 15, 40, 200])
-    ref, run = KeyLRUStore(), RunLRUStore(bs)
+    ref, run = KeyLRUStore(bs), RunLRUStore(bs)
     pins: list[list[range]] = []
     for batch in range(300):
         ready_below = max(0, batch - rng.randint(0, 3))
