@@ -96,6 +96,30 @@ class TimingConfig(StrictModel):
     relative, measured). See docs/timing.md, "How the aic backend stays fast"."""
 
 
+RouterName = Literal["round_robin", "random", "least_loaded", "session_affinity", "kv_aware", "prefix_score"]
+
+
+class FleetConfig(StrictModel):
+    """Data-parallel replicas of the engine configured around it, behind one router (docs/fleet.md)."""
+
+    replicas: int = Field(1, gt=0, le=4096)
+    router: RouterName = "round_robin"
+    router_options: dict[str, Any] = Field(default_factory=dict)  # per router; unknown keys rejected
+    router_latency_ms: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # arrival -> replica queue
+
+    @model_validator(mode="after")
+    def _router_options(self) -> FleetConfig:
+        from engine.routers.options import OPTIONS_BY_ROUTER
+
+        try:
+            OPTIONS_BY_ROUTER[self.router].model_validate(self.router_options)
+        except ValidationError as exc:
+            bad = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(options)'}: "
+                            f"{'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}" for e in exc.errors())
+            raise ValueError(f"router_options for router {self.router!r}: {bad}") from None
+        return self
+
+
 class EngineConfig(StrictModel):
     model: str = "meta-llama/Llama-3.1-8B"
     hardware: str = "h200_sxm"
@@ -110,6 +134,7 @@ class EngineConfig(StrictModel):
     host_offload: HostOffloadConfig | None = None
     timing: TimingConfig = Field(default_factory=TimingConfig)
     seed: int = 0
+    fleet: FleetConfig | None = None  # absent: one replica, outputs exactly the single-engine ones
 
 
 def _parse_scalar(text: str) -> Any:

@@ -48,7 +48,7 @@ _ALLOC, _LOOKUP, _STORE = 0, 1, 2
 
 
 def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next_event_ms: float,
-                      step_idx: int, min_steps: int = 3) -> tuple[float, int]:
+                      step_idx: int, min_steps: int = 3, replica: int = 0) -> tuple[float, int]:
     """Fast-forward decode-only steps from ``now``; returns (new now, steps taken)."""
     running = sched.running
     nrun = len(running)
@@ -193,9 +193,10 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
         cpu_used_col = _runs_to_column(cpu_changes, s, int)
         cpu_usage_col = _runs_to_column(cpu_changes, s, lambda used: used / offload.num_cpu_blocks)
         rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, kv_usage, kv_used,
-                                 stored_col, cpu_used_col, cpu_usage_col)
+                                 stored_col, cpu_used_col, cpu_usage_col, replica=replica)
     else:
-        rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, kv_usage, kv_used)
+        rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, kv_usage, kv_used,
+                                 replica=replica)
     idx = np.fromiter((r.idx for r in running), dtype=np.int32, count=nrun)
     rec.emit_chunk_arrays(np.tile(idx, s), np.repeat(np.array(ends), nrun), np.ones(s * nrun, np.int32))
     return times[s], s

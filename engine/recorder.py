@@ -34,7 +34,9 @@ _PARQUET_OPTS = dict(compression="snappy", write_statistics=True, use_dictionary
 
 
 class Recorder:
-    def __init__(self, trace: TraceArrays, outdir: Path) -> None:
+    def __init__(self, trace: TraceArrays, outdir: Path, *, replica_column: bool = False) -> None:
+        """``replica_column``: a fleet of more than one replica adds a ``replica`` column to
+        requests.parquet and steps.parquet (a fleet of one writes exactly the single-engine files)."""
         n = len(trace)
         self.trace = trace
         self.outdir = outdir
@@ -54,13 +56,18 @@ class Recorder:
         self.accepted = np.zeros(n, dtype=np.int32)
         self.status = np.full(n, 2, dtype=np.int8)  # 0 finished, 1 rejected, 2 unfinished
         self.reject_reason: dict[int, str] = {}
+        self.replica = np.full(n, -1, dtype=np.int32)  # which replica served the request (-1: none)
+        self.replica_column = replica_column
+        self._steps_schema = STEPS_SCHEMA.append(pa.field("replica", pa.int32())) if replica_column else STEPS_SCHEMA
+        self._requests_schema = (REQUESTS_SCHEMA.append(pa.field("replica", pa.int32())) if replica_column
+                                 else REQUESTS_SCHEMA)
         self._chunk_req = array("i")
         self._chunk_time = array("d")
         self._chunk_tokens = array("i")
-        self._step_cols: list[list] = [[] for _ in STEPS_SCHEMA]  # one list per steps.parquet column
+        self._step_cols: list[list] = [[] for _ in self._steps_schema]  # one list per steps.parquet column
         self._request_ids = pa.array(trace.request_id, pa.string())
         self._chunk_writer = pq.ParquetWriter(outdir / "chunks.parquet", CHUNKS_SCHEMA, **_PARQUET_OPTS)
-        self._step_writer = pq.ParquetWriter(outdir / "steps.parquet", STEPS_SCHEMA, **_PARQUET_OPTS)
+        self._step_writer = pq.ParquetWriter(outdir / "steps.parquet", self._steps_schema, **_PARQUET_OPTS)
         self.num_chunks = 0
         self.num_steps = 0
 
@@ -81,10 +88,12 @@ class Recorder:
         if len(self._chunk_req) >= _ROW_GROUP:
             self._flush_chunks()
 
-    def record_step(self, values: tuple) -> None:
+    def record_step(self, values: tuple, replica: int = 0) -> None:
         """One row of steps.parquet, in STEPS_SCHEMA column order."""
         for col, v in zip(self._step_cols, values):
             col.append(v)
+        if self.replica_column:
+            self._step_cols[-1].append(replica)
         self.num_steps += 1
         if len(self._step_cols[0]) >= _STEP_ROWS_BUFFERED:
             self._flush_steps()
@@ -92,7 +101,7 @@ class Recorder:
     def record_decode_window(self, first_step: int, starts: list[float], durations: list[float],
                              num_running: int, num_waiting: int, kv_usage: list[float], kv_used: list[int],
                              bytes_stored: list[int] | None = None, cpu_blocks_used: list[int] | None = None,
-                             cpu_usage: list[float] | None = None) -> None:
+                             cpu_usage: list[float] | None = None, replica: int = 0) -> None:
         """Rows for a run of decode-only steps (engine/decode_window.py), column by column."""
         n = len(starts)
         c = self._step_cols
@@ -108,6 +117,8 @@ class Recorder:
             c[j].extend(repeat(0, n))
         for j, col in ((14, bytes_stored), (16, cpu_blocks_used), (17, cpu_usage)):
             c[j].extend(col if col is not None else repeat(0, n))
+        if self.replica_column:
+            c[-1].extend(repeat(replica, n))
         self.num_steps += n
         if len(c[0]) >= _STEP_ROWS_BUFFERED:
             self._flush_steps()
@@ -167,8 +178,8 @@ class Recorder:
         if not cut:
             return
         arrays = [pa.array(np.asarray(col[:cut], dtype=f.type.to_pandas_dtype()))
-                  for col, f in zip(self._step_cols, STEPS_SCHEMA)]
-        self._step_writer.write_table(pa.Table.from_arrays(arrays, schema=STEPS_SCHEMA),
+                  for col, f in zip(self._step_cols, self._steps_schema)]
+        self._step_writer.write_table(pa.Table.from_arrays(arrays, schema=self._steps_schema),
                                       row_group_size=_STEP_ROWS_BUFFERED)
         self._step_cols = [col[cut:] for col in self._step_cols]
 
@@ -233,5 +244,7 @@ class Recorder:
             "status": pa.array(status_names[self.status[sel]].tolist(), pa.string()),
             "reject_reason": pa.array([self.reject_reason.get(int(i)) for i in sel], pa.string()),
         }
-        table = pa.Table.from_pydict(cols, schema=REQUESTS_SCHEMA)
+        if self.replica_column:
+            cols["replica"] = pa.array(self.replica[sel], mask=self.replica[sel] < 0)
+        table = pa.Table.from_pydict(cols, schema=self._requests_schema)
         pq.write_table(table, self.outdir / "requests.parquet", row_group_size=_ROW_GROUP, **_PARQUET_OPTS)
