@@ -21,6 +21,7 @@ from replay.errors import ReplayError
 from reports.bootstrap import CI_LEVEL, QUANTILE, PairedChange, paired_bootstrap
 from reports.charts import diff_charts, turn_label
 from reports.configdiff import differing
+from reports.fleet import fleet_diff_lines
 from reports.fmt import DASH, change, md_table, num
 from reports.metrics import Row, RunMetrics, compute, headline, share_ideal
 from reports.report import charts_dir_for
@@ -150,7 +151,8 @@ def diff_runs(dir_a: str | Path, dir_b: str | Path, *, slo: Slo | None = None, n
     share_ideal(mb, ma)
     return DiffResult(
         names=names, dirs=(Path(dir_a), Path(dir_b)), metrics=(ma, mb), comparisons=compare(ma, mb),
-        config_changes=differing(a.info.get("config") or {}, b.info.get("config") or {}),
+        config_changes=sorted(differing(a.info.get("config") or {}, b.info.get("config") or {}),
+                              key=lambda row: not row[0].startswith("fleet")),  # fleet keys first
         pair_counts=counts, paired=paired, top_requests=top_req, top_sessions=top_sess, infos=(a.info, b.info),
     )
 
@@ -179,7 +181,9 @@ def render_diff(d: DiffResult, charts: dict[str, str]) -> str:
                        [nb, f"`{d.dirs[1]}`", (d.infos[1].get("config") or {}).get("model", "?")]], "lll"),
              "", f"Both replayed `{trace.get('path', '?')}` ({num(trace.get('rows'), 'count')} rows, fingerprint "
              f"`{str(trace.get('fingerprint', '?'))[:16]}...`). Changes are {nb} - {na}; relative changes are "
-             f"against {na}.", "", "## Verdict", ""]
+             f"against {na}.", ""]
+    lines += fleet_diff_lines(d.names, d.metrics, d.infos)
+    lines += ["## Verdict", ""]
     lines += verdict_lines(d) + [""]
     lines += ["## Config differences", ""]
     if d.config_changes:

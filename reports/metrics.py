@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from reports.fleet import fleet_metrics
 from reports.slo import Slo
 from reports.sqlfiles import sql
 from reports.views import Run, build_trace_ideal
@@ -67,6 +68,7 @@ class RunMetrics:
     keeping_up: dict[str, Any]
     status: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
+    fleet: dict[str, Any] | None = None  # reports/fleet.py; runs with a fleet config only
 
     def to_json(self) -> dict[str, Any]:
         return _clean(asdict(self))
@@ -180,6 +182,7 @@ def compute(run: Run, slo: Slo | None = None, *, with_ideal: bool = True) -> Run
         keeping_up=_one(run, "keeping_up"),
         status=_rows(run, "status"),
     )
+    metrics.fleet = fleet_metrics(run, bucket_ms, run.trace_path is not None and run.has_prefix_ids)
     metrics.warnings = _warnings(run, metrics)
     return metrics
 

@@ -14,6 +14,7 @@ import yaml
 from engine.config import EngineConfig
 from reports.charts import turn_label
 from reports.configdiff import differing
+from reports.fleet import fleet_section
 from reports.fmt import DASH, md_table, num
 from reports.metrics import LATENCIES, SUMMARY_PERCENTILES, TURN_CAP, RunMetrics, falling_behind
 
@@ -198,6 +199,8 @@ def render_report(m: RunMetrics, info: dict[str, Any], outdir: Path, charts: dic
         if name in charts:
             lines += [f"![{alt}]({charts[name]})", ""]
     lines += _reuse_section(m, charts.get("reuse_by_turn")) + [""]
+    if m.fleet is not None:
+        lines += fleet_section(m.fleet, m.reuse, m.ideal, charts.get("fleet_load"))
     lines += _scheduler_section(m, info) + [""]
     lines += ["## Over time", "", keeping_up_text(m), ""]
     for name, alt in (("latency_over_time", "Latency over time"), ("queue_depth", "Queue depth over time"),

@@ -32,6 +32,9 @@ from reports.sqlfiles import sql
 OUTPUT_VIEWS = {"requests": (REQUESTS_FILE, REQUESTS_SCHEMA), "chunks": (CHUNKS_FILE, CHUNKS_SCHEMA),
                 "steps": (STEPS_FILE, STEPS_SCHEMA)}
 VIEW_SQL = "CREATE OR REPLACE VIEW {name} AS SELECT {columns} FROM read_parquet({path}{options})"
+# A single-engine run has no `replica` column; its views get one, so every query sees a fleet of one.
+SINGLE_REPLICA_COLUMN = {"requests": "*, CASE WHEN status = 'rejected' THEN NULL ELSE 0 END::INTEGER AS replica",
+                         "steps": "*, 0::INTEGER AS replica"}
 LOCAL_TRACE = "trace.parquet"
 
 
@@ -74,8 +77,9 @@ def read_run_json(outdir: Path) -> dict[str, Any]:
     return info
 
 
-def _check_columns(path: Path, schema) -> None:
-    """Fail early, naming the file and the column, when an output file is not what we expect."""
+def _check_columns(path: Path, schema) -> list[str]:
+    """Fail early, naming the file and the column, when an output file is not what we expect;
+    returns the file's column names."""
     if not path.is_file():
         raise ReplayError(f"{path}: missing (the replay output is incomplete)")
     try:
@@ -85,6 +89,7 @@ def _check_columns(path: Path, schema) -> None:
     missing = [f.name for f in schema if f.name not in have.names]
     if missing:
         raise ReplayError(f"{path}: field '{missing[0]}' missing (columns {missing} are required)")
+    return have.names
 
 
 def _find_trace(outdir: Path, info: dict[str, Any], notes: list[str]) -> Path | None:
@@ -108,8 +113,9 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
     con = con if con is not None else duckdb.connect()
     for name, (filename, schema) in OUTPUT_VIEWS.items():
         path = outdir / filename
-        _check_columns(path, schema)
-        con.execute(VIEW_SQL.format(name=name, columns="*", path=_literal(path.resolve()), options=""))
+        names = _check_columns(path, schema)
+        columns = SINGLE_REPLICA_COLUMN.get(name, "*") if "replica" not in names else "*"
+        con.execute(VIEW_SQL.format(name=name, columns=columns, path=_literal(path.resolve()), options=""))
     notes: list[str] = []
     trace_path = _find_trace(outdir, info, notes)
     meta = None

@@ -191,3 +191,44 @@ def test_no_fleet_key_writes_no_replica_column(tmp_path):
     assert "replica" not in pa.parquet.read_schema(tmp_path / "a" / "requests.parquet").names
     assert pa.parquet.read_schema(tmp_path / "b" / "requests.parquet").field("replica").type == pa.int32()
     assert TRACE_SCHEMA.get_field_index("replica") == -1
+
+
+def test_fleet_report_section_and_views(tmp_path):
+    from reports.report import write_report
+    from reports.views import open_run
+
+    table, meta = make_trace(_rows(200, 8, sessions=True))
+    _run(table, meta, {"fleet": {"replicas": 3, "router": "kv_aware"}}, tmp_path / "fleet", 120)
+    _run(table, meta, {}, tmp_path / "single", 120)
+    result = write_report(tmp_path / "fleet", tmp_path / "fleet" / "report.md")
+    text = (tmp_path / "fleet" / "report.md").read_text()
+    assert "## Fleet" in text and "3 replicas behind the `kv_aware` router" in text
+    assert (tmp_path / "fleet" / "report_files" / "fleet_load.png").is_file()
+    f = result.metrics.fleet
+    assert sum(r["requests"] for r in f["per_replica"]) == 200
+    assert [r["replica"] for r in f["per_replica"]] == [0, 1, 2]
+    reuse = result.metrics.reuse["gpu_hit_ratio"]
+    routed = f["routed_ideal"]["routed_ideal_hit_ratio"]
+    ideal = result.metrics.ideal["ideal_hit_ratio"]
+    assert 0 < reuse <= routed <= ideal
+    assert f["busy_imbalance"] >= 1.0
+    # A single-engine run has no fleet section, but its views still have a replica column (0).
+    single = write_report(tmp_path / "single", tmp_path / "single" / "report.md")
+    assert single.metrics.fleet is None and "## Fleet" not in (tmp_path / "single" / "report.md").read_text()
+    run = open_run(tmp_path / "single")
+    assert run.con.execute("SELECT DISTINCT replica FROM steps").fetchall() == [(0,)]
+    assert run.con.execute("SELECT count(*) FROM requests WHERE replica = 0").fetchone()[0] == 200
+    run.con.close()
+
+
+def test_diff_of_two_routers_names_the_fleet_first(tmp_path):
+    from reports.diff import diff_runs, render_diff
+
+    table, meta = make_trace(_rows(120, 9, sessions=False))
+    _run(table, meta, {"fleet": {"replicas": 2, "router": "round_robin"}}, tmp_path / "a", 120)
+    _run(table, meta, {"fleet": {"replicas": 2, "router": "kv_aware"}}, tmp_path / "b", 120)
+    text = render_diff(diff_runs(tmp_path / "a", tmp_path / "b"), {})
+    assert text.index("## Fleet") < text.index("## Verdict")
+    assert "| router **(differs)** | round_robin | kv_aware |" in text
+    config = text[text.index("## Config differences"):]
+    assert config.index("fleet.router") < config.index("| key |") + 200
