@@ -45,6 +45,7 @@ class EngineCore:
         self.spec_k = scheduler.limits.num_spec_tokens
         self.ff_ok = fast_forward and self.spec_k == 0
         self.check_invariants = check_invariants
+        self._steps_ms = getattr(timer, "decode_steps_ms", None)  # vectorised window timing, if any
         self.now = 0.0  # this replica's clock: the end of its step or window in flight
         self.step_idx = 0
         self.idle_spins = 0
@@ -122,7 +123,7 @@ class EngineCore:
             return self.own_next_event_ms(), False
         if self.ff_ok:
             end, taken = run_decode_window(sched, self.timer.step_ms, self.rec, now, horizon(self),
-                                           self.step_idx, replica=self.replica)
+                                           self.step_idx, replica=self.replica, steps_ms=self._steps_ms)
             if taken:
                 self.step_idx += taken
                 self.busy_ms += end - now
