@@ -97,10 +97,16 @@ class PerBlockPool:
 
     def free_blocks(self, blocks_in_eviction_order: list[int], keys: list[int], num_uncached: int,
                     num_private: int) -> None:
-        """As engine.block_pool.BlockPool.free_blocks, one free-queue entry per block."""
-        keys = [None] * num_uncached + [0] * num_private + list(keys)
-        extra = self.extra_refs
+        """As engine.block_pool.BlockPool.free_blocks, one free-queue entry per block: blocks
+        without a hash to the head (reused first, in the given order), cached ones to the tail."""
         fq = self.free_queue
+        uncached = blocks_in_eviction_order[:num_uncached]
+        for b in reversed(uncached):  # never shared: a block without a hash is its owner's alone
+            fq[b] = None
+            fq.move_to_end(b, last=False)
+        blocks_in_eviction_order = blocks_in_eviction_order[num_uncached:]
+        keys = [0] * num_private + list(keys)
+        extra = self.extra_refs
         shared = extra.keys() & blocks_in_eviction_order if extra else None
         if not shared:
             fq.update(zip(blocks_in_eviction_order, keys))
