@@ -13,10 +13,9 @@ import pyarrow.parquet as pq
 
 from engine.arrivals import plan_arrivals
 from engine.config import EngineConfig
-from engine.kv_cache_manager import KVCacheManager
 from engine.output_schema import RUN_FILE
 from engine.recorder import Recorder
-from engine.scheduler import Scheduler, SchedulerLimits
+from engine.scheduler import Scheduler, kv_cache_manager_for, scheduler_limits_for
 from engine.simulator import ProgressFn, Simulator
 from engine.spec_decode import AcceptanceSampler, resolve_rates
 from engine.timing.base import StepTimer
@@ -143,26 +142,14 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
     sampler = None
     if config.speculative is not None:
         sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
-    lookahead_hash = k if (k and config.semantics == "0.33") else 0
-    kv = KVCacheManager(setup.num_gpu_blocks, bs, config.kv_cache.enable_prefix_caching,
-                        hash_lookahead=lookahead_hash, drop_last_hit=bool(k and config.semantics == "0.11"))
+    kv = kv_cache_manager_for(config, setup.num_gpu_blocks)
+    lookahead_hash = kv.hash_lookahead
     offload = None
     if config.host_offload is not None:
         from engine.offload import OffloadManager
 
         offload = OffloadManager(config.host_offload, kv, setup.kv_bytes_per_token)
-    sc = config.scheduler
-    v011 = config.semantics == "0.11"
-    limits = SchedulerLimits(
-        max_num_batched_tokens=sc.max_num_batched_tokens,
-        max_num_seqs=sc.max_num_seqs,
-        max_model_len=setup.max_model_len,
-        long_prefill_token_threshold=sc.long_prefill_token_threshold,
-        reserve_full_isl=sc.reserve_full_isl and not v011,
-        watermark_blocks=0 if v011 else int(sc.watermark * setup.num_gpu_blocks),
-        policy=sc.policy,
-        num_spec_tokens=k,
-    )
+    limits = scheduler_limits_for(config, setup.num_gpu_blocks, setup.max_model_len)
     scheduler = Scheduler(limits, kv, sampler, offload)
     plan = plan_arrivals(trace, config.load, config.seed, selected)
 
