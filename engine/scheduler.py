@@ -429,10 +429,13 @@ def kv_cache_manager_for(config: EngineConfig, num_gpu_blocks: int) -> KVCacheMa
     k = config.speculative.num_speculative_tokens if config.speculative else 0
     v011 = config.semantics == "0.11"
     caching = config.kv_cache.enable_prefix_caching
-    # [0.33] num_hash_lookahead_tokens: prefill lookahead when prefix caching is on, else 0.
     la = prefill_lookahead(config) if (k and not v011) else 0
+    # [0.33] VllmConfig.num_hash_lookahead_tokens: the prefill lookahead, but 0 (legacy hashes, and
+    # so the EAGLE/MTP last-block drop) under a KV connector such as the G2 OffloadingConnector.
+    connector = config.host_offload is not None
     return KVCacheManager(num_gpu_blocks, config.kv_cache.block_size, caching,
-                          hash_lookahead=la if caching else 0, drop_last_hit=bool(k and v011),
+                          hash_lookahead=la if (caching and not connector) else 0,
+                          drop_last_hit=bool(k and (v011 or connector)),
                           reprefillable=max(0, la - 1))
 
 

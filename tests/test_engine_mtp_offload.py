@@ -248,3 +248,14 @@ def test_blocks_being_loaded_are_not_gpu_hits_until_the_load_completes(tmp_path)
     r, b = reqs.loc["r2"], reqs.loc["r3"]
     assert (r.cached_tokens, r.cpu_hit_tokens) == (16, 31)
     assert (b.cached_tokens, b.cpu_hit_tokens) == (16, 31)
+
+
+def test_mtp_under_the_offload_connector_keeps_legacy_hashes_and_drops_the_last_hit(tmp_path):
+    # vLLM 0.33 VllmConfig.num_hash_lookahead_tokens is 0 under a KV connector, so MTP falls back to
+    # dropping the last hit block. 49 identical tokens: 3 blocks hit without the connector, 2 with.
+    rows = [dict(input_tokens=49, output_tokens=1, hash_ids=[1, 2, 3, 4]),
+            dict(arrival_ms=100, input_tokens=49, output_tokens=1, hash_ids=[1, 2, 3, 4])]
+    plain, _, _, _ = run_small(rows, tmp_path / "a", num_gpu_blocks=64, config=mtp([0.5, 0.5]))
+    g2, _, _, _ = run_small(rows, tmp_path / "b", num_gpu_blocks=64,
+                            config={**mtp([0.5, 0.5]), "host_offload": offload()})
+    assert (plain.cached_tokens[1], g2.cached_tokens[1]) == (48, 32)
