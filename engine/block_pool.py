@@ -35,7 +35,7 @@ from operator import not_
 
 class BlockPool:
     __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "where", "num_free",
-                 "num_evictions", "_next_id", "_next_run")
+                 "num_evictions", "_next_id", "_next_run", "uncached_first")
 
     def __init__(self, num_gpu_blocks: int) -> None:
         if num_gpu_blocks < 2:
@@ -51,6 +51,7 @@ class BlockPool:
         self.num_evictions = 0
         self._next_id = 1
         self._next_run = 1
+        self.uncached_first = True  # [0.33] freed blocks without a hash are reused first; [0.11] tail
 
     def get_num_free_blocks(self) -> int:
         return self.num_free
@@ -203,7 +204,10 @@ class BlockPool:
         with them), and join the tail after the private ones.
         """
         if num_uncached:
-            self._prepend_uncached(num_uncached)
+            if self.uncached_first:
+                self._prepend_uncached(num_uncached)
+            else:
+                self._append_run(num_uncached, False)
         if num_private:
             self._append_run(num_private, True)
         skip = num_uncached + num_private

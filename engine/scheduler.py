@@ -433,10 +433,12 @@ def kv_cache_manager_for(config: EngineConfig, num_gpu_blocks: int) -> KVCacheMa
     # [0.33] VllmConfig.num_hash_lookahead_tokens: the prefill lookahead, but 0 (legacy hashes, and
     # so the EAGLE/MTP last-block drop) under a KV connector such as the G2 OffloadingConnector.
     connector = config.host_offload is not None
-    return KVCacheManager(num_gpu_blocks, config.kv_cache.block_size, caching,
-                          hash_lookahead=la if (caching and not connector) else 0,
-                          drop_last_hit=bool(k and (v011 or connector)),
-                          reprefillable=max(0, la - 1))
+    kv = KVCacheManager(num_gpu_blocks, config.kv_cache.block_size, caching,
+                        hash_lookahead=la if (caching and not connector) else 0,
+                        drop_last_hit=bool(k and (v011 or connector)),
+                        reprefillable=max(0, la - 1))
+    kv.pool.uncached_first = not v011
+    return kv
 
 
 def scheduler_limits_for(config: EngineConfig, num_gpu_blocks: int, max_model_len: int) -> SchedulerLimits:
