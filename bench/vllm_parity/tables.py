@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+FORMAT = 2  # 2: free counts stored as changes
+
 
 @dataclass
 class Step:
@@ -61,13 +63,16 @@ class StepRecorder:
 
 # ------------------------------------------------------------------ compact encoding
 def encode(t: Tables) -> dict:
-    """Steps as deltas against the previous step's schedule (a decode step is mostly unchanged)."""
+    """Steps as deltas against the previous step (a decode step is mostly unchanged)."""
     steps = []
     prev: dict[int, int] = {}
+    free = 0
     for s in t.steps:
         changed = [[r, n] for r, n in s.sched.items() if prev.get(r) != n]
         gone = [r for r in prev if r not in s.sched]
-        row: dict = {"f": [s.free_after_schedule, s.free_after_update]}
+        # Free counts as changes: against the previous step's end, then across the update.
+        row: dict = {"f": [s.free_after_schedule - free, s.free_after_update - s.free_after_schedule]}
+        free = s.free_after_update
         if changed:
             row["c"] = changed
         if gone:
@@ -84,12 +89,15 @@ def encode(t: Tables) -> dict:
 def decode(d: dict) -> Tables:
     t = Tables()
     prev: dict[int, int] = {}
+    free = 0
     for row in d["steps"]:
         sched = {r: n for r, n in prev.items() if r not in set(row.get("g", ()))}
         for r, n in row.get("c", ()):
             sched[r] = n
+        after_schedule = free + row["f"][0]
+        free = after_schedule + row["f"][1]
         t.steps.append(Step(sched, list(row.get("p", ())), [tuple(x) for x in row.get("a", ())],
-                            row["f"][0], row["f"][1]))
+                            after_schedule, free))
         prev = sched
     t.first_token = {int(r): s for r, s in d["first_token"]}
     t.finish = {int(r): s for r, s in d["finish"]}
@@ -98,7 +106,7 @@ def decode(d: dict) -> Tables:
 
 def write_fixture(path: Path, workload: dict, tables: Tables, meta: dict) -> None:
     """gzip'd JSON, written to a temporary name and renamed (never a half file)."""
-    body = json.dumps({"workload": workload, "meta": meta, "tables": encode(tables)},
+    body = json.dumps({"format": FORMAT, "workload": workload, "meta": meta, "tables": encode(tables)},
                       separators=(",", ":"), sort_keys=True).encode()
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
@@ -108,6 +116,8 @@ def write_fixture(path: Path, workload: dict, tables: Tables, meta: dict) -> Non
 
 def read_fixture(path: Path) -> tuple[dict, dict, Tables]:
     d = json.loads(gzip.decompress(path.read_bytes()))
+    if d.get("format") != FORMAT:
+        raise ValueError(f"{path}: fixture format {d.get('format')}, expected {FORMAT}: regenerate it")
     return d["workload"], d["meta"], decode(d["tables"])
 
 

@@ -76,8 +76,10 @@ def _variants(start: int, rows: int, tag: str, ample: int, small: int) -> list[W
             out.append(w(f"mtp{k}-{k}layer", num_gpu_blocks=small, **_mtp(k, k)))
     # Small budgets: prefill chunks end at arbitrary positions, so the multi-module MTP rules
     # (chunks kept clear of the prompt end, re-prefillable tokens never cached) get exercised.
-    out.append(w("mtp3-1layer-chunked", num_gpu_blocks=small, max_num_batched_tokens=600, **_mtp(3, 1)))
-    out.append(w("mtp3-3layer-chunked", num_gpu_blocks=small, max_num_batched_tokens=600, **_mtp(3, 3)))
+    out.append(w("mtp3-1layer-chunked", num_gpu_blocks=small, max_num_batched_tokens=600, max_num_seqs=64,
+                 **_mtp(3, 1)))
+    out.append(w("mtp3-3layer-chunked", num_gpu_blocks=small, max_num_batched_tokens=600, max_num_seqs=64,
+                 **_mtp(3, 3)))
     return out
 
 
