@@ -76,7 +76,7 @@ def routers(args: argparse.Namespace) -> None:
               "max_requests": args.max_requests, "config": "bench/compare/configs/mooncake-fleet8.yaml",
               "trace_ideal_hit_ratio": ideal, "rows": rows, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     _save(f"fleet-routers-{args.replicas}", result)
-    print(f"\n| router | GPU prefix hit | TTFT p50 (ms) | TTFT p99 (ms) | E2E mean (ms) | imbalance | wall (s) |")
+    print("\n| router | GPU prefix hit | TTFT p50 (ms) | TTFT p99 (ms) | E2E mean (ms) | imbalance | wall (s) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['router']} | {r['gpu_hit_ratio']:.2%} | {r['ttft_p50_ms']:,.1f} | {r['ttft_p99_ms']:,.1f} | "

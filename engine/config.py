@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from replay.errors import ConfigError
 
@@ -135,6 +135,14 @@ class EngineConfig(StrictModel):
     timing: TimingConfig = Field(default_factory=TimingConfig)
     seed: int = 0
     fleet: FleetConfig | None = None  # absent: one replica, outputs exactly the single-engine ones
+
+    @field_validator("semantics", mode="before")
+    @classmethod
+    def _version_as_text(cls, v: Any) -> Any:
+        """YAML reads ``semantics: 0.33`` (and ``--set semantics=0.33``) as a float: take it as the version."""
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return repr(v)
+        return v
 
 
 def _parse_scalar(text: str) -> Any:

@@ -13,14 +13,13 @@ import pyarrow.parquet as pq
 
 from engine.arrivals import plan_arrivals
 from engine.config import EngineConfig
-from engine.kv_cache_manager import KVCacheManager
-from engine.output_schema import RUN_FILE
-from engine.recorder import Recorder
-from engine.scheduler import Scheduler, SchedulerLimits
 from engine.core import EngineCore
 from engine.fleet import FleetLoop, ProgressFn
 from engine.fleet_summary import fleet_summary
+from engine.output_schema import RUN_FILE
+from engine.recorder import Recorder
 from engine.routers import RouterContext, build_router
+from engine.scheduler import Scheduler, kv_cache_manager_for, scheduler_limits_for
 from engine.spec_decode import AcceptanceSampler, resolve_rates
 from engine.timing.base import StepTimer
 from engine.trace_input import TraceArrays, trace_arrays
@@ -71,30 +70,15 @@ class RunSummary:
     run_info: dict
 
 
-def _build_scheduler(config: EngineConfig, setup: EngineSetup, sampler: AcceptanceSampler | None,
-                     lookahead_hash: int) -> Scheduler:
+def _build_scheduler(config: EngineConfig, setup: EngineSetup, sampler: AcceptanceSampler | None) -> Scheduler:
     """One replica's scheduler with its own KV cache and G2 tier (replicas share nothing else)."""
-    bs = config.kv_cache.block_size
-    k = config.speculative.num_speculative_tokens if config.speculative else 0
-    kv = KVCacheManager(setup.num_gpu_blocks, bs, config.kv_cache.enable_prefix_caching,
-                        hash_lookahead=lookahead_hash, drop_last_hit=bool(k and config.semantics == "0.11"))
+    kv = kv_cache_manager_for(config, setup.num_gpu_blocks)
     offload = None
     if config.host_offload is not None:
         from engine.offload import OffloadManager
 
         offload = OffloadManager(config.host_offload, kv, setup.kv_bytes_per_token)
-    sc = config.scheduler
-    v011 = config.semantics == "0.11"
-    limits = SchedulerLimits(
-        max_num_batched_tokens=sc.max_num_batched_tokens,
-        max_num_seqs=sc.max_num_seqs,
-        max_model_len=setup.max_model_len,
-        long_prefill_token_threshold=sc.long_prefill_token_threshold,
-        reserve_full_isl=sc.reserve_full_isl and not v011,
-        watermark_blocks=0 if v011 else int(sc.watermark * setup.num_gpu_blocks),
-        policy=sc.policy,
-        num_spec_tokens=k,
-    )
+    limits = scheduler_limits_for(config, setup.num_gpu_blocks, setup.max_model_len)
     return Scheduler(limits, kv, sampler, offload)
 
 
@@ -169,14 +153,13 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
             path=str(trace_path) if trace_path else None)
 
     bs = config.kv_cache.block_size
-    k = config.speculative.num_speculative_tokens if config.speculative else 0
-    lookahead_hash = k if (k and config.semantics == "0.33") else 0
     sampler = None
     if config.speculative is not None:
         sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
     fleet = config.fleet
     num_replicas = fleet.replicas if fleet is not None else 1
-    schedulers = [_build_scheduler(config, setup, sampler, lookahead_hash) for _ in range(num_replicas)]
+    schedulers = [_build_scheduler(config, setup, sampler) for _ in range(num_replicas)]
+    lookahead_hash = schedulers[0].kv.hash_lookahead
     plan = plan_arrivals(trace, config.load, config.seed, selected)
     router = None
     if num_replicas > 1:

@@ -128,7 +128,9 @@ def test_decode_windows_stay_exact_in_a_fleet(tmp_path, router, latency):
 
 def _equal_but_busy(x: dict, y: dict) -> bool:
     """Busy time sums step durations in a different order with and without windows (float sums)."""
-    strip = lambda d: [{k: v for k, v in r.items() if k not in ("busy_ms", "busy_fraction")} for r in d["per_replica"]]
+    def strip(d: dict) -> list[dict]:
+        return [{k: v for k, v in r.items() if k not in ("busy_ms", "busy_fraction")} for r in d["per_replica"]]
+
     return strip(x) == strip(y) and all(abs(p["busy_ms"] - q["busy_ms"]) < 1e-6 * max(1.0, p["busy_ms"])
                                         for p, q in zip(x["per_replica"], y["per_replica"]))
 

@@ -8,9 +8,8 @@ from bisect import bisect_left
 import numpy as np
 
 from engine.request import Request
-from engine.spec_decode import _splitmix64  # the same well-mixed 64-bit hash the MTP draws use
 from engine.routers.base import Router, RouterContext
-
+from engine.spec_decode import _splitmix64  # the same well-mixed 64-bit hash the MTP draws use
 
 
 def _hash64(text: str) -> int:
