@@ -51,8 +51,10 @@ def replay_run(trace: Path, outdir: Path, config: Path, sets: list[str]) -> dict
 def _latency(outdir: Path) -> dict:
     import duckdb
 
-    row = duckdb.sql(f"SELECT median(ttft_ms), quantile_cont(ttft_ms, 0.99), avg(e2e_ms) FROM "
-                     f"read_parquet('{outdir / 'requests.parquet'}') WHERE status = 'finished'").fetchone()
+    con = duckdb.connect()
+    row = con.execute(f"SELECT median(ttft_ms), quantile_cont(ttft_ms, 0.99), avg(e2e_ms) FROM "
+                      f"read_parquet('{outdir / 'requests.parquet'}') WHERE status = 'finished'").fetchone()
+    con.close()
     return {"ttft_p50_ms": row[0], "ttft_p99_ms": row[1], "e2e_mean_ms": row[2]}
 
 
