@@ -166,7 +166,7 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
     scheduler = Scheduler(limits, kv, sampler, offload)
     plan = plan_arrivals(trace, config.load, config.seed, selected)
 
-    with atomic_dir(outdir, overwrite=overwrite) as tmp:
+    with atomic_dir(outdir, overwrite=overwrite, inputs=[trace_path]) as tmp:
         recorder = Recorder(trace, tmp)
         sim = Simulator(trace, plan, scheduler, setup.timer, recorder, block_size=bs,
                         hash_lookahead=lookahead_hash, rejected=rejected,

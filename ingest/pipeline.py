@@ -232,8 +232,9 @@ def sort_by_arrival(table: pa.Table, rebase: bool) -> tuple[pa.Table, int]:
     return table, shift
 
 
-def no_rows_error(reader: Reader, progress: Progress) -> TraceError:
+def no_rows_error(reader: Reader, progress: Progress, side_file: Path | None = None) -> TraceError:
     if progress.rows_read == 0:
         return TraceError("no rows in the file", path=str(reader.path))
+    where = f" (rejected rows and reasons: {side_file})" if side_file is not None else ""
     return TraceError(f"no usable rows: {progress.rows_read} read, {len(progress.rejections)} rejected, "
-                      f"{progress.rows_dropped} dropped", path=str(reader.path))
+                      f"{progress.rows_dropped} dropped{where}", path=str(reader.path))

@@ -94,7 +94,10 @@ def read_trace(path: str | Path) -> tuple[pa.Table, TraceMetadata]:
     except (OSError, pa.ArrowInvalid) as exc:
         raise TraceError(f"cannot read Parquet: {exc}", path=str(path)) from None
     meta = TraceMetadata.from_parquet_metadata(pf.schema_arrow.metadata, path)
-    table = pf.read()
+    try:
+        table = pf.read()
+    except (OSError, pa.ArrowException) as exc:  # a damaged data page: the footer alone read fine
+        raise TraceError(f"cannot read Parquet data: {exc}", path=str(path)) from None
     missing = [f.name for f in TRACE_SCHEMA if f.name not in table.column_names]
     if missing:
         raise TraceError(f"missing columns {missing}", path=str(path))
