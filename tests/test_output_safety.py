@@ -11,33 +11,18 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
 from replay import atomic
 from replay.atomic import MARKER, OutputError, atomic_dir, is_replay_output
-from replay.cli import app
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "sample_traces" / "mooncake_sessions.jsonl"
+from tests.cli_helpers import ROOT, SAMPLE, write_sample_run, write_sample_trace
+from tests.cli_helpers import invoke as _invoke
 
 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory) -> Path:
-    """The first 60 rows of the bundled sample, as a canonical trace."""
-    from ingest import load_trace
-    from ingest.schema import TRACE_SCHEMA
-
-    table, meta = load_trace(SAMPLE)
-    table = table.slice(0, 60).cast(TRACE_SCHEMA).replace_schema_metadata(meta.to_parquet_metadata())
-    path = tmp_path_factory.mktemp("trace") / "t.parquet"
-    pq.write_table(table, path)
-    return path
-
-
-def _invoke(*args: str):
-    return CliRunner().invoke(app, list(args))
+    return write_sample_trace(tmp_path_factory.mktemp("trace") / "t.parquet")
 
 
 def _leftovers(directory: Path) -> list[str]:
@@ -114,9 +99,7 @@ def test_ingest_refuses_to_write_onto_its_source(tmp_path):
 
 @pytest.fixture(scope="module")
 def run_dir(trace, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("run") / "out"
-    assert _invoke("run", str(trace), "-o", str(out), "-q").exit_code == 0
-    return out
+    return write_sample_run(tmp_path_factory.mktemp("run") / "out", trace)
 
 
 @pytest.mark.parametrize("name", ["run.json", "requests.parquet", "steps.parquet"])
