@@ -17,6 +17,7 @@ from .columns import ms_to_iso
 from .detect import make_reader
 from .options import IngestOptions, OnError
 from .pipeline import Progress, canonical_batches, no_rows_error, resolve_lines, sort_by_arrival
+from .readers._decode import read_errors
 from .readers.base import Reader, ReaderInfo
 from .rejections import remove_stale_side_file, side_file_path, write_side_file
 from .schema import TraceMetadata, is_canonical_trace, read_trace
@@ -85,8 +86,9 @@ def _warnings(progress: Progress) -> list[str]:
 
 def _open(source: Path, opts: IngestOptions) -> tuple[Reader, ReaderInfo]:
     require_regular_file(source, "trace file")
-    reader = make_reader(source, opts)
-    return reader, reader.info()
+    with read_errors(source):
+        reader = make_reader(source, opts)
+        return reader, reader.info()
 
 
 def convert(source: str | Path, dest: str | Path, *, format: str | None = None, block_size: int | None = None,
@@ -116,7 +118,8 @@ def convert(source: str | Path, dest: str | Path, *, format: str | None = None, 
             if writer is not None:
                 writer.close()
         if progress.rejections:
-            resolve_lines(reader, progress.rejections)
+            with read_errors(source):
+                resolve_lines(reader, progress.rejections)
             write_side_file(side, progress.rejections)
         if writer is None:
             raise no_rows_error(reader, progress, side if progress.rejections else None)

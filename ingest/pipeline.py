@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from replay.errors import TraceError
 
 from .options import IngestOptions
+from .readers._decode import guarded
 from .readers.base import Reader, ReaderInfo
 from .rejections import Rejection
 from .schema import TRACE_SCHEMA
@@ -177,7 +178,7 @@ def canonical_batches(reader: Reader, info: ReaderInfo, opts: IngestOptions, pro
     sessions = _Sessions(info.sessions_from_parents)
     dedupe = None if info.generated_ids else _Dedupe()
     running_max: int | None = None
-    for staged, parse_rej in reader.batches():
+    for staged, parse_rej in guarded(reader.batches(), reader.path):
         progress.rows_read += staged.num_rows + len(parse_rej)
         good, rej, dropped = validate(staged, info, drop_failed=opts.drop_failed)
         rej = parse_rej + rej

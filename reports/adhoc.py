@@ -15,7 +15,11 @@ import duckdb
 import pandas as pd
 
 from replay.errors import ReplayError
-from reports.views import Run
+from reports.views import Run, query_errors
+
+# Errors in the query itself: no need to look for a damaged file.
+_QUERY_MISTAKES = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
+                   duckdb.PermissionException, duckdb.ConversionException)
 
 ALLOWED_STATEMENTS = (duckdb.StatementType.SELECT,)
 _LOCKDOWN = (
@@ -57,7 +61,8 @@ def read_only_query(run: Run, query: str) -> pd.DataFrame:
         raise ReplayError(f"only SELECT queries are allowed (replay sql reads the run, never changes it); "
                           f"got {kind.name}")
     lock_down(run)
-    try:
-        return run.con.execute(query).df()
-    except duckdb.Error as exc:
-        raise ReplayError(f"query failed: {str(exc).splitlines()[0]}") from None
+    with query_errors(run):  # other DuckDB errors: a damaged file is named, if there is one
+        try:
+            return run.con.execute(query).df()
+        except _QUERY_MISTAKES as exc:
+            raise ReplayError(f"query failed: {str(exc).splitlines()[0]}") from None

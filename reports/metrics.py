@@ -15,7 +15,7 @@ import numpy as np
 
 from reports.slo import Slo
 from reports.sqlfiles import sql
-from reports.views import Run, build_trace_ideal
+from reports.views import Run, build_trace_ideal, query_errors
 
 # Summary percentiles (vllm bench serve reports p50/p90/p95/p99), exact (numpy.percentile, linear).
 SUMMARY_PERCENTILES = (50, 90, 95, 99)
@@ -144,7 +144,13 @@ def nice_bucket_ms(span_ms: float) -> float:
 
 def compute(run: Run, slo: Slo | None = None, *, with_ideal: bool = True) -> RunMetrics:
     """All metrics of one run. ``with_ideal=False`` skips the infinite-cache ideal (``ideal`` None, no
-    ideal by turn): the diff computes it for one run and gives it to the other with ``share_ideal``."""
+    ideal by turn): the diff computes it for one run and gives it to the other with ``share_ideal``.
+    A damaged output file is named in a ``ReplayError`` (``query_errors``)."""
+    with query_errors(run):
+        return _compute(run, slo, with_ideal)
+
+
+def _compute(run: Run, slo: Slo | None, with_ideal: bool) -> RunMetrics:
     probs = list(PROBS)
     lat = _one(run, "latency", probs=probs)
     run.con.execute(sql("itl_samples"))
