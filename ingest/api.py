@@ -66,6 +66,7 @@ def _metadata(path: Path, info: ReaderInfo, progress: Progress, sha: str, shift:
         source_sha256=sha,
         time_unit=info.time_unit,
         start_time=start,
+        arrival_offset_ms=None if progress.base_ms is None else progress.base_ms + shift,
         hash_block_size=info.hash_block_size,
         prefix_identity=info.prefix_identity,  # type: ignore[arg-type]
         tokenizer=info.tokenizer,
@@ -126,7 +127,7 @@ def convert(source: str | Path, dest: str | Path, *, format: str | None = None, 
         meta = _metadata(source, info, progress, sha)
         if progress.rows_out_of_order:
             table = pq.read_table(tmp)
-            table, shift = sort_by_arrival(table, info.rebase)
+            table, shift = sort_by_arrival(table)
             meta = _metadata(source, info, progress, sha, shift)
             write_trace_table(tmp, table, meta)
     if not progress.rejections:
@@ -164,7 +165,7 @@ def load_trace(path: str | Path, *, format: str | None = None, block_size: int |
     table = pa.concat_tables(batches)
     shift = 0
     if progress.rows_out_of_order:
-        table, shift = sort_by_arrival(table, info.rebase)
+        table, shift = sort_by_arrival(table)
     meta = _metadata(path, info, progress, file_sha256(path), shift)
     return table.cast(trace_schema_with(meta)), meta
 

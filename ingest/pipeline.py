@@ -33,7 +33,7 @@ class Progress:
     rows_good: int = 0
     rows_dropped: int = 0
     rows_out_of_order: int = 0
-    base_ms: int | None = None  # subtracted from every time (rebased sources); 0 otherwise
+    base_ms: int | None = None  # subtracted from every time: the first batch's earliest (every trace is rebased)
     min_t: int | None = None
     max_t: int | None = None
     rejections: list[Rejection] = field(default_factory=list)
@@ -203,7 +203,7 @@ def canonical_batches(reader: Reader, info: ReaderInfo, opts: IngestOptions, pro
             continue
         t = good.column("t_ms").to_numpy()
         if progress.base_ms is None:
-            progress.base_ms = int(t.min()) if info.rebase else 0
+            progress.base_ms = int(t.min())
         lo, hi = int(t.min()), int(t.max())
         progress.min_t = lo if progress.min_t is None else min(progress.min_t, lo)
         progress.max_t = hi if progress.max_t is None else max(progress.max_t, hi)
@@ -219,12 +219,12 @@ def canonical_batches(reader: Reader, info: ReaderInfo, opts: IngestOptions, pro
         yield to_canonical(good, progress.base_ms)
 
 
-def sort_by_arrival(table: pa.Table, rebase: bool) -> tuple[pa.Table, int]:
-    """Stable sort by arrival; for rebased sources shift so the earliest arrival is 0. Returns the shift."""
+def sort_by_arrival(table: pa.Table) -> tuple[pa.Table, int]:
+    """Stable sort by arrival, shifted so the earliest arrival is 0. Returns the shift."""
     order = pc.sort_indices(table, sort_keys=[("arrival_ms", "ascending")])
     table = table.take(order)
     shift = 0
-    if rebase and table.num_rows:
+    if table.num_rows:
         shift = int(table.column("arrival_ms")[0].as_py())
         if shift:
             idx = table.column_names.index("arrival_ms")

@@ -50,6 +50,7 @@ class TraceMetadata(BaseModel):
     source_sha256: str | None = None
     time_unit: str
     start_time: str | None = None  # absolute ISO-8601 start time of the trace, when the source has it
+    arrival_offset_ms: int | None = None  # source time (ms, source clock) of arrival_ms 0: every trace is rebased
     hash_block_size: int | None = None  # tokens per hash id; None when there are no hash ids
     prefix_identity: PrefixIdentity
     tokenizer: str | None = None

@@ -150,6 +150,20 @@ def compute(run: Run, slo: Slo | None = None, *, with_ideal: bool = True) -> Run
         return _compute(run, slo, with_ideal)
 
 
+NO_PREFIX_IDS = "the trace has no prefix ids"
+
+
+def _reuse(run: Run) -> dict[str, Any]:
+    """Prefix-cache hits; on a trace without prefix ids the ratios are unknown (None), not zero: the
+    replay could not share blocks it cannot identify, which says nothing about the real traffic."""
+    reuse = _one(run, "reuse")
+    if run.trace_meta is not None and not run.has_prefix_ids:
+        for key in ("gpu_hit_ratio", "cpu_hit_ratio", "total_hit_ratio"):
+            reuse[key] = None
+        reuse["unknown"] = NO_PREFIX_IDS
+    return reuse
+
+
 def _compute(run: Run, slo: Slo | None, with_ideal: bool) -> RunMetrics:
     probs = list(PROBS)
     lat = _one(run, "latency", probs=probs)
@@ -175,7 +189,7 @@ def _compute(run: Run, slo: Slo | None, with_ideal: bool) -> RunMetrics:
         goodput=goodput,
         slo=slo.as_dict() if slo is not None else {},
         preemptions=_one(run, "preemptions"),
-        reuse=_one(run, "reuse"),
+        reuse=_reuse(run),
         ideal=ideal,
         reuse_by_turn=_rows(run, "reuse_by_turn", turn_cap=TURN_CAP),
         mtp=_one(run, "mtp"),

@@ -89,15 +89,38 @@ def _check_columns(path: Path, schema) -> None:
         raise ReplayError(f"{path}: field '{missing[0]}' missing (columns {missing} are required)")
 
 
+def _trace_fingerprint(path: Path) -> str:
+    """The content fingerprint ``replay run`` records (engine.run._fingerprint over the canonical table)."""
+    from engine.run import _fingerprint
+    from ingest.schema import read_trace
+
+    table, _ = read_trace(path)
+    return _fingerprint(table)
+
+
 def _find_trace(outdir: Path, info: dict[str, Any], notes: list[str]) -> Path | None:
+    """The trace this run replayed: ``trace.path``, else ``OUTDIR/trace.parquet`` (a copied OUTDIR),
+    accepted only when its content fingerprint is the one run.json recorded."""
     trace = info.get("trace") or {}
+    recorded = trace.get("fingerprint")
     candidates = []
     if trace.get("path"):
         candidates.append(Path(trace["path"]))
     candidates.append(outdir / LOCAL_TRACE)
-    for path in candidates:
-        if path.is_file():
+    differing = []
+    for path in dict.fromkeys(candidates):
+        if not path.is_file():
+            continue
+        if not recorded:
+            notes.append(f"run.json records no trace fingerprint: the trace at {path} is used unverified")
             return path
+        if _trace_fingerprint(path) == recorded:
+            return path
+        differing.append(str(path))
+    if differing:
+        notes.append(f"the trace at {' and '.join(differing)} is not the one replayed (its fingerprint differs from "
+                     "run.json's): the `trace` view and the infinite-cache reuse are unavailable")
+        return None
     notes.append(f"trace not found at {trace.get('path') or '(run.json has no trace.path)'}: "
                  "the `trace` view and the infinite-cache reuse are unavailable")
     return None
