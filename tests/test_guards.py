@@ -29,9 +29,9 @@ def test_missing_shared_trace_fails_in_ci_and_skips_locally(tmp_path, monkeypatc
 
 def test_host_offload_latency_is_paid_once_per_transfer(tmp_path):
     """Same store-then-load scenario as test_offload_store_then_load_full_hit_recomputes_one_token,
-    with latency_us = 2000: A's 3-block store batch (10 ms of bytes at 1.6 MB/s... 30 ms) costs 2 ms
-    more (ready at 42 ms, still before B at 50); B's one 3-block load runs 50 -> 50 + 2 + 30 = 82 ms.
-    Zeroing or ignoring latency_us gives 80 / 30 (the latency-free test pins that)."""
+    with latency_us = 2000: A's one 3-block store batch takes 2 + 3 x 10 ms from 10 ms (ready at 42,
+    still before B arrives at 50); B's one 3-block load runs 50 -> 50 + 2 + 30 = 82 ms. Zeroing or
+    ignoring latency_us gives 80 / 30 instead (the latency-free test pins those)."""
     from tests.test_engine_mtp_offload import offload, run_offload
 
     rows = [dict(input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3]),
