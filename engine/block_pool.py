@@ -33,6 +33,16 @@ from itertools import compress, repeat
 from operator import not_
 
 
+class PoolInvariantError(Exception):
+    """A --check invariant of the pool failed (an engine bug, never bad input)."""
+
+
+def _require(ok: bool, message: str) -> None:
+    """An invariant check that, unlike ``assert``, survives ``python -O``."""
+    if not ok:
+        raise PoolInvariantError(message)
+
+
 class BlockPool:
     __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "where", "num_free",
                  "num_evictions", "_next_id", "_next_run", "uncached_first")
@@ -271,34 +281,34 @@ class BlockPool:
         free_keys: dict[int, int] = {}
         for rid, run in self.free_queue.items():
             if len(run) == 2:
-                assert run[0] > 0, f"empty run {rid}"
+                _require(run[0] > 0, f"empty run {rid}")
                 free += run[0]
                 continue
             blocks, keys, nxt, stale = run
             live = [(b, k) for b, k in zip(blocks[nxt:], keys[nxt:]) if self.where.get(b) == rid]
-            assert len(live) == len(blocks) - nxt - stale, f"run {rid}: stale count {stale} is off"
+            _require(len(live) == len(blocks) - nxt - stale, f"run {rid}: stale count {stale} is off")
             free += len(live)
             free_keys.update(live)
-        assert len(free_keys) == len(self.where), "where and the runs disagree"
-        assert free == self.num_free, f"{free} free blocks counted, {self.num_free} recorded"
-        assert self.num_free + len(holders) == usable, (
-            f"{self.num_free} free + {len(holders)} in use != {usable} usable blocks")
+        _require(len(free_keys) == len(self.where), "where and the runs disagree")
+        _require(free == self.num_free, f"{free} free blocks counted, {self.num_free} recorded")
+        _require(self.num_free + len(holders) == usable, (
+            f"{self.num_free} free + {len(holders)} in use != {usable} usable blocks"))
         for b, held in holders.items():
-            assert b not in self.where, f"block {b} is held and free"
-            assert held == 1 + self.extra_refs.get(b, 0), (
-                f"block {b}: held {held} times, ref_cnt {1 + self.extra_refs.get(b, 0)}")
+            _require(b not in self.where, f"block {b} is held and free")
+            _require(held == 1 + self.extra_refs.get(b, 0), (
+                f"block {b}: held {held} times, ref_cnt {1 + self.extra_refs.get(b, 0)}"))
         for b in self.extra_refs:
-            assert b in holders, f"block {b}: extra refs on a block nobody holds"
+            _require(b in holders, f"block {b}: extra refs on a block nobody holds")
 
         def key_of(b: int) -> int | None:
             return free_keys[b] if b in free_keys else in_use_keys.get(b)
 
         for key, b in self.cached.items():
-            assert key_of(b) == key, f"cached key of block {b} mismatches"
+            _require(key_of(b) == key, f"cached key of block {b} mismatches")
         for key, copies in self.dups.items():
-            assert key in self.cached, "duplicate copy without a primary"
+            _require(key in self.cached, "duplicate copy without a primary")
             for b in copies:
-                assert key_of(b) == key
+                _require(key_of(b) == key, f"block {b}: duplicate copy under the wrong key")
         n_keys = len(self.cached) + sum(len(c) for c in self.dups.values())
         n_keyed = len(free_keys) + sum(1 for b, k in in_use_keys.items() if k is not None)
-        assert n_keys == n_keyed, f"{n_keys} cached copies but {n_keyed} keyed blocks"
+        _require(n_keys == n_keyed, f"{n_keys} cached copies but {n_keyed} keyed blocks")

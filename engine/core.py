@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from engine.block_pool import PoolInvariantError
 from engine.decode_window import run_decode_window
 from engine.recorder import Recorder
 from engine.request import Request
@@ -224,5 +225,5 @@ class EngineCore:
                     in_use_keys[b] = key
         try:
             self.kv_pool.check_invariants(in_use_keys, holders)
-        except AssertionError as exc:
+        except (PoolInvariantError, AssertionError) as exc:
             raise InvariantError(f"replica {self.replica}: KV block invariant failed: {exc}") from None

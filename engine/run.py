@@ -167,7 +167,7 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
                             seed=config.seed, trace=trace)
         router = build_router(fleet.router, fleet.router_options, ctx)
 
-    with atomic_dir(outdir, overwrite=overwrite) as tmp:
+    with atomic_dir(outdir, overwrite=overwrite, inputs=[trace_path]) as tmp:
         recorder = Recorder(trace, tmp, replica_column=num_replicas > 1)
         cores = [EngineCore(i, sched, setup.timer, recorder, fast_forward=fast_forward,
                             check_invariants=check_invariants) for i, sched in enumerate(schedulers)]

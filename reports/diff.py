@@ -24,7 +24,7 @@ from reports.configdiff import differing
 from reports.fleet import fleet_diff_lines
 from reports.fmt import DASH, change, md_table, num
 from reports.metrics import Row, RunMetrics, compute, headline, share_ideal
-from reports.report import charts_dir_for
+from reports.report import charts_dir_for, check_report_outputs, run_files
 from reports.slo import Slo
 from reports.sqlfiles import sql
 from reports.views import VIEW_SQL, Run, _literal, open_run
@@ -312,17 +312,20 @@ def _total(t: dict[str, Any] | None) -> float | None:
 
 def write_diff(d: DiffResult, markdown: str | Path, *, charts: bool = True, json_path: str | Path | None = None) -> DiffResult:
     markdown = Path(markdown)
+    traces = [(info.get("trace") or {}).get("path") for info in d.infos]
+    inputs = run_files(d.dirs[0]) + run_files(d.dirs[1]) + traces
+    check_report_outputs(markdown, json_path, charts, inputs, [*d.dirs, *traces])
     rel: dict[str, str] = {}
     if charts:
         final_dir = charts_dir_for(markdown)
-        with atomic_dir(final_dir) as tmp:
+        with atomic_dir(final_dir, inputs=[*d.dirs, *traces], kind="diff charts") as tmp:
             made = diff_charts(tmp, d.metrics[0], d.metrics[1], d.names)
         d.charts = {k: final_dir / p.name for k, p in made.items()}
         rel = {k: f"{final_dir.name}/{p.name}" for k, p in made.items()}
-    write_text_atomic(markdown, render_diff(d, rel))
+    write_text_atomic(markdown, render_diff(d, rel), inputs)
     d.markdown = markdown
     if json_path is not None:
-        write_json_atomic(json_path, {
+        write_json_atomic(json_path, inputs=inputs, obj={
             "names": list(d.names), "dirs": [str(p) for p in d.dirs],
             "a": d.metrics[0].to_json(), "b": d.metrics[1].to_json(),
             "config_changes": [{"key": k, "a": va, "b": vb} for k, va, vb in d.config_changes],

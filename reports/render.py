@@ -71,9 +71,13 @@ def percentile_table(m: RunMetrics) -> str:
 
 def _reuse_section(m: RunMetrics, chart: str | None) -> list[str]:
     r, out = m.reuse, ["## Prefix reuse", ""]
-    rows = [["GPU prefix-cache hits", num(r["gpu_hit_tokens"], "count"), num(r["gpu_hit_ratio"], "ratio")],
-            ["CPU (G2) hits", num(r["cpu_hit_tokens"], "count"), num(r["cpu_hit_ratio"], "ratio")],
-            ["total", num(r["gpu_hit_tokens"] + r["cpu_hit_tokens"], "count"), num(r["total_hit_ratio"], "ratio")]]
+
+    def ratio(key: str) -> str:
+        return f"unknown ({r['unknown']})" if r.get("unknown") else num(r[key], "ratio")
+
+    rows = [["GPU prefix-cache hits", num(r["gpu_hit_tokens"], "count"), ratio("gpu_hit_ratio")],
+            ["CPU (G2) hits", num(r["cpu_hit_tokens"], "count"), ratio("cpu_hit_ratio")],
+            ["total", num(r["gpu_hit_tokens"] + r["cpu_hit_tokens"], "count"), ratio("total_hit_ratio")]]
     if m.ideal is not None:
         rows.append(["ideal: infinite cache, replayed rows", num(m.ideal["ideal_hit_tokens"], "count"),
                      num(m.ideal["ideal_hit_ratio"], "ratio")])
