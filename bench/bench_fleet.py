@@ -39,10 +39,10 @@ def replay_run(trace: Path, outdir: Path, config: Path, sets: list[str]) -> dict
         cmd += ["--set", s]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _, _, rusage = os.wait4(proc.pid, 0)
+    err = proc.stderr.read()  # small: the run is quiet
+    _, status, rusage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
-    err = proc.stderr.read()
-    if proc.returncode not in (0, None) and not (outdir / "run.json").exists():
+    if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"replay run failed: {' '.join(cmd)}\n{err[-2000:]}")
     info = json.loads((outdir / "run.json").read_text())
     return {"wall_s": round(wall, 2), "peak_rss_mib": round(rusage.ru_maxrss / 1024, 1), "info": info}

@@ -30,7 +30,7 @@ from engine.arrivals import ArrivalPlan
 from engine.block_keys import BlockKeys
 from engine.core import DYNAMIC, OPEN, EngineCore
 from engine.recorder import Recorder
-from engine.request import Request
+from engine.request import Request, RequestStatus
 from engine.routers.base import Router
 from engine.trace_input import TraceArrays
 
@@ -63,14 +63,36 @@ class FleetLoop:
         self._open_times = plan.open_times.tolist()
         self._open_order = plan.open_order.tolist()
         self._open_ptr = 0
-        # Closed-loop arrivals: the smallest delay between a finish and the release it causes.
-        delays = [d for deps in plan.dependents.values() for _, d in deps]
-        self._min_release_delay = 0.0 if plan.concurrency else (min(delays) if delays else math.inf)
         self._predict = self._prediction_mode()
+        # Closed-loop turns waiting on a request in flight: _parents[target][holder] is a heap of
+        # (delay, seq, parent) for parents on replica ``holder`` whose next turn, or a turn after it,
+        # will be routed to ``target`` (-1: not known before routing). Concurrency mode releases the next
+        # request at any finish, with no delay, to any replica.
+        self._parents: dict[int, dict[int, list[tuple[float, int, Request]]]] = {}  # (delay, seq, parent)
+        self._chain_targets = None
+        if self._predict == "static" and plan.dependents:
+            self._chain_targets = self._targets_of_chains(plan.dependents, router)
         self._own_positions: list[np.ndarray] = []
         if self._predict == "static":
             targets = router.static_targets(plan.open_order)
             self._own_positions = [np.flatnonzero(targets == r) for r in range(len(cores))]
+
+    @staticmethod
+    def _targets_of_chains(dependents: dict[int, list[tuple[int, float]]], router: Router) -> dict[int, tuple]:
+        """For each closed-loop turn, the replicas it or any later turn released after it will be
+        routed to (request-only routers): a turn not yet released can only reach those."""
+        children: dict[int, list[int]] = {}
+        for parent, deps in dependents.items():
+            children[parent] = [d for d, _ in deps]
+        rows = sorted({d for deps in dependents.values() for d, _ in deps}, reverse=True)
+        targets = dict(zip(rows, router.static_targets(np.array(rows, dtype=np.int64)).tolist()))
+        chain: dict[int, frozenset] = {}
+        for d in rows:  # a turn's later turns are later rows: each chain is complete when reached
+            reach = {targets[d]}
+            for c in children.get(d, ()):
+                reach |= chain[c]
+            chain[d] = frozenset(reach)
+        return {d: tuple(sorted(r)) for d, r in chain.items()}
 
     def _prediction_mode(self) -> str:
         """How far a replica may look ahead for its own next arrival (see the module doc)."""
@@ -106,6 +128,15 @@ class FleetLoop:
                       int(t.priority[idx]))
         rid = 0 if self._predict == "single" else self.router.route(req, self.cores, time_ms)
         self.rec.replica[idx] = rid
+        deps = self.plan.dependents.get(idx)
+        if deps and self._predict != "single":
+            chains = self._chain_targets
+            for dep, delay in deps:
+                for target in (chains[dep] if chains is not None else (-1,)):
+                    if target != rid:  # only another replica's finish can cut a window (see _release_bound)
+                        self._seq += 1
+                        heapq.heappush(self._parents.setdefault(target, {}).setdefault(rid, []),
+                                       (delay, self._seq, req))
         core = self.cores[rid]
         self._seq += 1
         ready = time_ms + self.latency
@@ -160,14 +191,36 @@ class FleetLoop:
         return t
 
     def _release_bound(self, core: EngineCore) -> float:
-        """Earliest instant a closed-loop arrival could appear because another replica finished."""
-        if self._min_release_delay == math.inf:
+        """Earliest instant a closed-loop arrival for ``core`` could appear because another replica
+        finished a request: that replica's next event plus the turn's delay, over the requests in
+        flight whose next turn, or a turn after it, may come here. A finish on ``core`` itself
+        happens at a step it takes outside any window, and the turn it releases is then a known
+        arrival, which bounds the next window."""
+        if self._predict == "single":
             return math.inf
+        cores = self.cores
+        if self.plan.concurrency:  # any finish anywhere releases a request at once
+            t = math.inf
+            for other in cores:
+                if other is not core and other.wake_ms < t:
+                    t = other.wake_ms
+            return t
         t = math.inf
-        for other in self.cores:
-            if other is not core and other.wake_ms < t:
-                t = other.wake_ms
-        return t + self._min_release_delay
+        finished = RequestStatus.FINISHED
+        for target in (core.replica, -1):
+            by_holder = self._parents.get(target)
+            if not by_holder:
+                continue
+            for holder, heap in by_holder.items():
+                if holder == core.replica:
+                    continue
+                while heap and heap[0][2].status == finished:
+                    heapq.heappop(heap)  # released already: the turn is a known arrival now
+                if heap:
+                    bound = cores[holder].wake_ms + heap[0][0]
+                    if bound < t:
+                        t = bound
+        return t
 
     def _horizon(self, core: EngineCore) -> float:
         h = core.own_next_event_ms()

@@ -53,6 +53,11 @@ def print_run_summary(outdir: Path, info: dict, wall_s: float, console: Console)
                 other.add_row(row.label, f"unknown ({unknown})", "")
                 continue
             other.add_row(row.label, _fmt(row.value, row.unit), row.unit if row.unit not in ("count", "ratio") else "")
+    fleet = metrics.fleet
+    if fleet is not None:
+        other.add_row("Fleet", f"{fleet['replicas']} x {escape(str(fleet['router']))}", "replicas x router")
+        if fleet["busy_imbalance"] is not None:
+            other.add_row("Load imbalance", f"{fleet['busy_imbalance']:.3f}", "max / mean busy")
     other.add_row("Simulated span", f"{info['simulated_span_ms'] / 1000:,.1f}", "s")
     other.add_row("Wall time", f"{wall_s:,.2f}", "s")
     console.print(other)
