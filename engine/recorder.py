@@ -192,6 +192,7 @@ class Recorder:
         self.arrival[idx] = arrival_ms
         self.status[idx] = 1
         self.reject_reason[idx] = reason
+        self.output_tokens[idx] = self.trace.output_tokens[idx]  # what was asked for: nothing was generated
 
     # -- output --------------------------------------------------------------------------------
     def _flush_chunks(self, final: bool = False) -> None:

@@ -195,7 +195,7 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
             "rejected": int((status == 1).sum()),
             "unfinished": int((status == 2).sum()),
             "input_tokens": int(trace.input_tokens[selected].sum()),
-            "output_tokens": int(recorder.output_tokens[selected].sum()),
+            "output_tokens": int(recorder.output_tokens[selected][status != 1].sum()),  # generated only
             "prefix_query_tokens": sum(c.sched.prefix_query_tokens for c in cores),
             "prefix_hit_tokens": sum(c.sched.prefix_hit_tokens for c in cores),
             "cpu_hit_tokens": sum(c.sched.cpu_hit_tokens for c in cores),

@@ -249,3 +249,16 @@ def test_kv_aware_reuses_at_least_as_much_as_blind_routers_on_mooncake(mooncake_
         assert res.info["totals"]["finished"] == 1500
     assert hits["kv_aware"] >= hits["round_robin"]
     assert hits["kv_aware"] >= hits["session_affinity"]
+
+
+def test_rejected_rows_keep_their_requested_output_length(tmp_path):
+    rows = [dict(arrival_ms=0, input_tokens=40, output_tokens=7, hash_ids=[1, 2, 3]),
+            dict(arrival_ms=1, input_tokens=4000, output_tokens=9, hash_ids=list(range(10, 260)))]
+    table, meta = make_trace(rows)
+    cfg = EngineConfig.model_validate({"fleet": {"replicas": 2}})
+    info = replay_trace(table, meta, cfg, tmp_path / "o", setup=setup_for(64, ContextTimer()),
+                        on_error="skip").run_info
+    reqs = pd.read_parquet(tmp_path / "o" / "requests.parquet").set_index("request_id")
+    assert reqs.loc["r1", "status"] == "rejected" and reqs.loc["r1", "output_tokens"] == 9
+    assert pd.isna(reqs.loc["r1", "replica"]) and reqs.loc["r0", "replica"] == 0
+    assert info["totals"]["output_tokens"] == 7 and info["totals"]["rejected"] == 1
