@@ -138,7 +138,6 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
             path=str(trace_path) if trace_path else None)
 
     bs = config.kv_cache.block_size
-    k = config.speculative.num_speculative_tokens if config.speculative else 0
     sampler = None
     if config.speculative is not None:
         sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
