@@ -25,6 +25,8 @@ _COMMAND_MODULES = (
     "diff_cmd",
     "steptime_cmd",
     "calibrate_cmd",
+    "validate_cmd",
+    "export_cmd",
 )
 
 for _name in _COMMAND_MODULES:

@@ -10,6 +10,7 @@ from reports.charts import report_charts
 from reports.metrics import RunMetrics, compute
 from reports.render import render_report
 from reports.slo import Slo
+from reports.validate import validation_appendix
 from reports.views import open_run
 
 
@@ -42,7 +43,9 @@ def write_report(outdir: str | Path, markdown: str | Path, *, slo: Slo | None = 
             made = report_charts(tmp, metrics, with_cpu=with_cpu)
         chart_paths = {k: final_dir / p.name for k, p in made.items()}
         rel = {k: f"{final_dir.name}/{p.name}" for k, p in made.items()}
-    write_text_atomic(markdown, render_report(metrics, run.info, outdir, rel))
+    text = render_report(metrics, run.info, outdir, rel)
+    text += validation_appendix(outdir)  # "" unless the trace carries measured latencies (reports/validate.py)
+    write_text_atomic(markdown, text)
     if json_path is not None:
         write_json_atomic(json_path, metrics.to_json())
     return ReportResult(markdown=markdown, charts=chart_paths, metrics=metrics)

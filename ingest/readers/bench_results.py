@@ -9,6 +9,7 @@ seconds). Times become ms; arrivals are ``start_times`` rebased to the first req
 mode. The run's settings (backend, model, request rate, max concurrency, spec-decode counters,
 which vLLM reads from the server's Prometheus counters for the whole run) are kept as
 ``source_run``. Failed requests have output length 0: ``--drop-failed`` drops and counts them.
+``request_ids`` (written by ``replay export``, not by vLLM) names the requests when present.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class BenchResultReader(RecordReader):
                              "run the benchmark with its detailed-output flag)", path=str(self.path))
         self.doc = doc
         n = len(doc["input_lens"])
-        for key in ("output_lens", "ttfts", "itls", "latencies", "start_times", "errors"):
+        for key in ("output_lens", "ttfts", "itls", "latencies", "start_times", "errors", "request_ids"):
             if doc.get(key) is not None and (not isinstance(doc[key], list) or len(doc[key]) != n):
                 raise TraceError(f"'{key}' has {len(doc[key]) if isinstance(doc[key], list) else 'no'} entries "
                                  f"but 'input_lens' has {n}", path=str(self.path), field=key)
@@ -70,7 +71,7 @@ class BenchResultReader(RecordReader):
             notes.append("no per-request start times: arrivals are 0, replay with load.mode concurrency or poisson")
         return ReaderInfo(
             source_format=self.name, time_unit="s", rebase=True, wallclock=False, hash_block_size=None,
-            prefix_identity="absent", hash_ids_required=False, generated_ids=True,
+            prefix_identity="absent", hash_ids_required=False, generated_ids="request_ids" not in self.doc,
             field_names={"t_ms": "start_times", "input_tokens": "input_lens", "output_tokens": "output_lens"},
             notes=notes, extra_columns=_EXTRAS, source_run=run, no_timestamps=not self.timed,
         )
@@ -80,6 +81,7 @@ class BenchResultReader(RecordReader):
         error = (d.get("errors") or [None] * (i + 1))[i]
         out = number(d["output_lens"][i], f"output_lens[{i}]", integer=True) if d.get("output_lens") else None
         row: dict[str, Any] = {
+            "request_id": str(d["request_ids"][i]) if d.get("request_ids") else None,
             "t_ms": 0,
             "input_tokens": number(d["input_lens"][i], f"input_lens[{i}]", integer=True, allow_none=False),
             "output_tokens": 0 if error else out,
