@@ -179,3 +179,21 @@ def test_measured_columns_survive_a_parquet_round_trip(tmp_path: Path) -> None:
     table, meta = read_trace(out)
     assert table.column("measured_ttft_ms").to_pylist() == [25.5, 20.0, 30.0]
     assert meta.source_run == {"tool": "aiperf"}
+
+
+def test_inspect_shows_measurements_labels_and_source_run() -> None:
+    from typer.testing import CliRunner
+
+    from replay.cli import app
+
+    res = CliRunner().invoke(app, ["inspect", str(LOGS / "litellm_spend_logs.jsonl"), "--json", "--drop-failed",
+                                   "--lru-blocks", "10"])
+    assert res.exit_code == 0, res.output
+    stats = json.loads(res.output)
+    assert stats["measured"]["measured_ttft_ms"]["requests"] == 2
+    assert stats["measured"]["measured_ttft_ms"]["mean"] == pytest.approx(170.0)
+    assert stats["measured"]["measured_cached_tokens"]["requests"] == 1
+    assert stats["labels"]["tenant"] == {"distinct": 2, "requests": 2, "top": [["team-ads", 1], ["team-search", 1]]}
+    assert stats["source_run"] == {"tool": "LiteLLM spend logs"} and stats["timestamps"] == "recorded"
+    res = CliRunner().invoke(app, ["inspect", str(LOGS / "sharegpt.json"), "--lru-blocks", "10"])
+    assert res.exit_code == 0 and "no arrival times" in res.output and "no measured latencies" in res.output
