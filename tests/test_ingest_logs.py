@@ -197,3 +197,12 @@ def test_inspect_shows_measurements_labels_and_source_run() -> None:
     assert stats["source_run"] == {"tool": "LiteLLM spend logs"} and stats["timestamps"] == "recorded"
     res = CliRunner().invoke(app, ["inspect", str(LOGS / "sharegpt.json"), "--lru-blocks", "10"])
     assert res.exit_code == 0 and "no arrival times" in res.output and "no measured latencies" in res.output
+
+
+def test_chat_log_uses_recorded_usage_counts_not_estimates() -> None:
+    rows, meta = _rows("chat_usage.jsonl")
+    assert [(r["input_tokens"], r["output_tokens"]) for r in rows] == [(31, 12), (35, 40)]
+    assert [r["measured_cached_tokens"] for r in rows] == [0, 16] and rows[0]["model"] == "llama-3.1-8b-instruct"
+    assert [len(r["hash_ids"]) for r in rows] == [2, 3]  # ceil(31/16), ceil(35/16): resized to the recorded counts
+    assert rows[0]["hash_ids"][0] == rows[1]["hash_ids"][0]  # the shared system prompt's first block
+    assert "recorded prompt counts" in meta.notes
