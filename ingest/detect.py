@@ -85,6 +85,8 @@ def detect_log_format(record: dict) -> str | None:
     meta = record.get("metadata")
     if {"metadata", "metrics"} <= keys and isinstance(meta, dict) and "request_start_ns" in meta:
         return "aiperf"
+    if "experiments" in keys and isinstance(record.get("experiments"), list):
+        return "genai-perf"
     if {"custom_id", "body"} <= keys and "url" in keys:
         return "openai-batch-input"
     if {"custom_id", "response"} <= keys:
@@ -107,7 +109,8 @@ def detect_log_format(record: dict) -> str | None:
 
 
 _PEEK_BYTES = 1 << 16
-_PEEK_MARKERS = (('"conversations"', "sharegpt"), ('"conversation"', "lmsys"), ('"resourceSpans"', "otel"))
+_PEEK_MARKERS = (('"conversations"', "sharegpt"), ('"conversation"', "lmsys"), ('"resourceSpans"', "otel"),
+                 ('"experiments"', "genai-perf"))
 
 
 def _peek_keys(path: Path) -> str | None:

@@ -206,3 +206,16 @@ def test_chat_log_uses_recorded_usage_counts_not_estimates() -> None:
     assert [len(r["hash_ids"]) for r in rows] == [2, 3]  # ceil(31/16), ceil(35/16): resized to the recorded counts
     assert rows[0]["hash_ids"][0] == rows[1]["hash_ids"][0]  # the shared system prompt's first block
     assert "recorded prompt counts" in meta.notes
+
+
+def test_genai_perf_stream_times_and_counts() -> None:
+    assert detect_format(LOGS / "genai_perf_profile_export.json") == "genai-perf"
+    rows, meta = _rows("genai_perf_profile_export.json")
+    a, b = rows
+    assert [a["arrival_ms"], b["arrival_ms"]] == [0, 200]
+    assert a["measured_ttft_ms"] == pytest.approx(30.0) and a["measured_itl_ms"] == pytest.approx([8.0])
+    assert a["measured_e2e_ms"] == pytest.approx(38.0)  # [DONE] is not a token
+    assert b["output_tokens"] == 4  # the recorded usage.completion_tokens
+    assert b["measured_itl_ms"] == pytest.approx([7.0, 7.5, 8.0]) and b["measured_e2e_ms"] == pytest.approx(47.5)
+    assert a["hash_ids"][:4] == b["hash_ids"][:4]  # shared system prompt
+    assert meta.source_run["max_concurrency"] == 4

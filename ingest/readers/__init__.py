@@ -9,6 +9,7 @@ from .base import Reader
 from .bench_results import SglangBenchReader, VllmBenchReader
 from .burstgpt import BurstGPTReader
 from .conversations import ConversationReader, LmsysReader
+from .genai_perf import GenaiPerfReader
 from .gateways import HeliconeReader, LangfuseReader, LiteLLMReader
 from .generic import GenericCsvReader, GenericJsonlReader
 from .mooncake import MooncakeReader
@@ -24,7 +25,7 @@ READERS: dict[str, type[Reader]] = {
               # tool logs carrying measured latencies and labels (ingest/readers/_records.py)
               VllmBenchReader, SglangBenchReader, AiperfReader, OpenAIBatchInputReader, OpenAIBatchOutputReader,
               LiteLLMReader, LangfuseReader, HeliconeReader, OtelReader, ConversationReader, LmsysReader,
-              MooncakeTextReader)
+              MooncakeTextReader, GenaiPerfReader)
 }
 
 __all__ = ["READERS", "Reader"]
