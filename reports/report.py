@@ -27,13 +27,14 @@ class ReportResult:
 
 
 def write_report(outdir: str | Path, markdown: str | Path, *, slo: Slo | None = None, charts: bool = True,
-                 json_path: str | Path | None = None) -> ReportResult:
+                 json_path: str | Path | None = None, by: str | None = None) -> ReportResult:
     outdir, markdown = Path(outdir), Path(markdown)
     run = open_run(outdir)
     try:
         metrics = compute(run, slo)
     finally:
         run.con.close()
+    appendix = validation_appendix(outdir, by)  # per-label table, predicted vs measured (reports/validate.py)
     chart_paths: dict[str, Path] = {}
     rel: dict[str, str] = {}
     if charts:
@@ -43,9 +44,7 @@ def write_report(outdir: str | Path, markdown: str | Path, *, slo: Slo | None = 
             made = report_charts(tmp, metrics, with_cpu=with_cpu)
         chart_paths = {k: final_dir / p.name for k, p in made.items()}
         rel = {k: f"{final_dir.name}/{p.name}" for k, p in made.items()}
-    text = render_report(metrics, run.info, outdir, rel)
-    text += validation_appendix(outdir)  # "" unless the trace carries measured latencies (reports/validate.py)
-    write_text_atomic(markdown, text)
+    write_text_atomic(markdown, render_report(metrics, run.info, outdir, rel) + appendix)
     if json_path is not None:
         write_json_atomic(json_path, metrics.to_json())
     return ReportResult(markdown=markdown, charts=chart_paths, metrics=metrics)

@@ -51,12 +51,12 @@ class Validation:
         return out
 
 
-def _measured_table(source: pa.Table, by: str | None, where: str) -> pa.Table:
+def _measured_table(source: pa.Table, by: str | None, where: str, need_measurements: bool = True) -> pa.Table:
     """``request_id``, ``grp`` and the compared measured columns (null where the log has none)."""
     n = source.num_rows
     present = [c for c in MEASURED_COLUMNS if c in source.column_names
                and source.column(c).null_count < n]
-    if not any(c in present for c in COMPARED):
+    if need_measurements and not any(c in present for c in COMPARED):
         raise ReplayError(f"{where}: no measured latencies or cached tokens (measured_* columns) to validate "
                           "against; ingest a log that has them (vllm-bench, aiperf, litellm, ... see docs/validate.md)")
     if by is not None:
@@ -226,16 +226,33 @@ def write_validation(outdir: str | Path, markdown: str | Path, *, measured: str 
     return ValidationOutput(markdown=markdown, charts=paths, validation=v)
 
 
-def validation_appendix(outdir: str | Path) -> str:
-    """The ``replay report`` section comparing predictions with the trace's measured columns ("" without them).
-
-    Tables only; ``replay validate`` draws the charts."""
-    if not has_measurements(outdir):
-        return ""
-    from reports.validate_render import validation_section
-
+def label_groups(outdir: str | Path, by: str) -> list[dict[str, Any]]:
+    """The run's headline metrics per value of the trace label ``by`` (``replay report --by``)."""
+    run = open_run(outdir)
     try:
-        v = compute_validation(outdir)
-    except ReplayError as exc:  # e.g. no request matched: say so rather than fail the whole report
-        return f"\n## Predicted vs measured\n\nNot computed: {exc}\n"
-    return "\n".join(["", *validation_section(v, {}), "Charts: `replay validate " + str(outdir) + "`.", ""])
+        if run.trace_path is None:
+            raise ReplayError(f"--by {by}: the run's trace is not found, so its labels are unknown")
+        source = pq.read_table(run.trace_path)
+        table = _measured_table(source, by, str(run.trace_path), need_measurements=False)
+        run.con.register("labels", table.select(["request_id", "grp"]))
+        return _records(run.con.execute(sql("validate_labels")))
+    finally:
+        run.con.close()
+
+
+def validation_appendix(outdir: str | Path, by: str | None = None) -> str:
+    """``replay report``'s extra sections: metrics per label (``by``) and, when the trace carries
+    measured columns, predictions against them ("" when neither applies). Tables only; ``replay
+    validate`` draws the charts."""
+    from reports.validate_render import labels_section, validation_section
+
+    out: list[str] = []
+    if by is not None:
+        out += ["", *labels_section(by, label_groups(outdir, by))]
+    if has_measurements(outdir):
+        try:
+            v = compute_validation(outdir, by=by)
+        except ReplayError as exc:  # e.g. no request matched: say so rather than fail the whole report
+            return "\n".join(out + ["", "## Predicted vs measured", "", f"Not computed: {exc}", ""])
+        out += ["", *validation_section(v, {}), "Charts: `replay validate " + str(outdir) + "`.", ""]
+    return "\n".join(out)

@@ -79,3 +79,18 @@ def render_validation(v: Validation, charts: dict[str, str]) -> str:
     if v.by is not None and v.by != NO_GROUP:
         title += f" (by {v.by})"
     return "\n".join([title, ""] + validation_section(v, charts))
+
+
+def labels_section(by: str, groups: list[dict]) -> list[str]:
+    """``replay report --by LABEL``: requests, latency percentiles and prefix hits per label value."""
+    rows = []
+    for g in groups:
+        q = {k: (g[k] or [None, None, None]) for k in ("ttft_q", "tpot_q", "e2e_q")}
+        rows.append([str(g["grp"]), num(g["requests"], "count"), num(g["finished"], "count"),
+                     *(num(v, "ms") for v in q["ttft_q"]), num(q["tpot_q"][0], "ms"), num(q["tpot_q"][2], "ms"),
+                     num(q["e2e_q"][0], "ms"), num(q["e2e_q"][2], "ms"), num(g["hit_ratio"], "ratio")])
+    header = [by, "requests", "finished", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p99",
+              "E2E p50", "E2E p99", "prefix hit"]
+    return [f"## By {by}", "", md_table(header, rows, "l" + "r" * 10), "",
+            "Latencies in ms over finished requests; prefix hit = (GPU + host hits) / prompt tokens of admitted "
+            "requests. Requests without the label are grouped as `(none)`.", ""]

@@ -143,3 +143,17 @@ def test_report_gets_a_validation_section(aiperf_run: Path, sample_run: Path, tm
     assert "## Predicted vs measured" in (tmp_path / "r.md").read_text()
     write_report(sample_run, tmp_path / "s.md", charts=False)
     assert "Predicted vs measured" not in (tmp_path / "s.md").read_text()
+
+
+def test_report_by_label(tmp_path: Path) -> None:
+    from reports.report import write_report
+
+    convert(LOGS / "litellm_spend_logs.jsonl", tmp_path / "l.parquet", drop_failed=True)
+    run(tmp_path / "l.parquet", outdir=tmp_path / "a")
+    write_report(tmp_path / "a", tmp_path / "r.md", charts=False, by="tenant")
+    text = (tmp_path / "r.md").read_text()
+    assert "## By tenant" in text and "| team-search | 1 | 1 |" in text and "| team-ads | 1 | 1 |" in text
+    assert "| TTFT (ms) | team-ads |" in text  # the validation section is grouped too
+    with pytest.raises(ReplayError, match="--by priority"):
+        write_report(tmp_path / "a", tmp_path / "r2.md", charts=False, by="priority")
+    assert not (tmp_path / "r2.md").exists()
