@@ -107,7 +107,12 @@ def condition_differences(info: dict[str, Any], meta: TraceMetadata | None,
                      "arrived at 0 (give --set load.mode=concurrency or poisson to match how the log was produced)")
     conc = source.get("max_concurrency")
     if conc not in (None, "inf"):
-        if mode != "concurrency":
+        if mode == "trace_timestamps" and meta is not None and meta.timestamps == "recorded":
+            diffs.append(f"the log's client kept at most {conc} requests in flight; the replay released them at "
+                         "the recorded send times (which include the client's queueing) in open loop, so a "
+                         "slower or faster replay is not throttled as the client was "
+                         f"(--set load.mode=concurrency --set load.concurrency={conc} replays the limit itself)")
+        elif mode != "concurrency":
             diffs.append(f"the log was produced with at most {conc} requests in flight; the replay used load mode "
                          f"{mode} (--set load.mode=concurrency --set load.concurrency={conc})")
         elif int(load.get("concurrency") or 0) != int(conc):

@@ -82,7 +82,7 @@ def test_measured_columns_of_the_run_trace_and_conditions(tmp_path: Path) -> Non
     v = compute_validation(tmp_path / "a")
     assert v.coverage == {"replayed": 3, "finished": 3, "measured_rows": 3, "matched": 3, "unmatched_measured": 0}
     text = " ".join(v.differences)
-    assert "at most 2 requests in flight" in text and "load.concurrency=2" in text
+    assert "at most 2 requests in flight" in text and "load.concurrency=2" in text and "recorded send times" in text
     assert "served by meta-llama/Llama-3.1-8B-Instruct" in text and "speculative decoding" in text
     run(tmp_path / "v.parquet", outdir=tmp_path / "b",
         overrides=["load.mode=concurrency", "load.concurrency=2", "model=meta-llama/Llama-3.1-8B-Instruct"])
