@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from ..hashing import Tokenizer, chain_hash_blocks, render_messages
 from ..rejections import Rejection
-from ._jsonl import open_binary
+from ._jsonl import json_objects, open_binary
 from .base import STAGED_TYPES, Reader, Staged, staged_table
 
 _BATCH = 16_384
@@ -145,6 +145,12 @@ class TextIds:
     def count(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
 
+    def notes(self) -> list[str]:
+        """The metadata note owed when counts come from the byte-level fallback."""
+        if self.tokenizer.name.startswith("byte-fallback"):
+            return ["tokenized with the byte-level fallback: token counts from text are approximate"]
+        return []
+
 
 def load_json_document(path) -> Any:
     """A whole JSON file (one document), or the list of objects of a JSON Lines file."""
@@ -168,17 +174,9 @@ def load_json_document(path) -> Any:
 
 
 def json_lines(path) -> Iterator[tuple[int, int, Any]]:
-    """(record index, line, value) for each non-blank line; a bad line raises with its line number."""
-    record = -1
-    with open_binary(path) as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            record += 1
-            try:
-                yield record, lineno, json.loads(raw)
-            except ValueError as exc:
-                yield record, lineno, Bad("<json>", f"invalid JSON: {exc}")
+    """(record index, line, object) per non-blank line; a bad line's object is a ``Bad``."""
+    for record, line, obj, rejection in json_objects(path):
+        yield record, line, obj if rejection is None else Bad(rejection.field, rejection.reason)
 
 
 class RecordReader(Reader):
@@ -186,6 +184,22 @@ class RecordReader(Reader):
 
     def items(self) -> Iterator[Item]:
         raise NotImplementedError
+
+    def _row(self, obj: dict) -> dict[str, Any]:
+        """One source object -> one staged row (raise ``Bad`` for an unusable value)."""
+        raise NotImplementedError
+
+    def each(self, records: Iterator[tuple[int, int | None, Any]]) -> Iterator[Item]:
+        """``_row`` over (record index, line, object) triples; problems become rejections."""
+        for record, line, obj in records:
+            try:
+                if isinstance(obj, Bad):
+                    raise obj
+                if not isinstance(obj, dict):
+                    raise Bad("<json>", "a record must be a JSON object")
+                yield Item(record, line, self._row(obj))
+            except Bad as bad:
+                yield self.reject(record, line, bad, obj)
 
     @staticmethod
     def reject(row: int, line: int | None, bad: Bad, record: Any = None) -> Item:

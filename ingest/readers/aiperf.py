@@ -86,12 +86,4 @@ class AiperfReader(RecordReader):
         return row
 
     def items(self) -> Iterator[Item]:
-        for record, line, obj in json_lines(self.path):
-            try:
-                if isinstance(obj, Bad):
-                    raise obj
-                if not isinstance(obj, dict):
-                    raise Bad("<json>", "line is not a JSON object")
-                yield Item(record, line, self._row(obj))
-            except Bad as bad:
-                yield self.reject(record, line, bad, obj)
+        return self.each(json_lines(self.path))

@@ -48,8 +48,7 @@ class ConversationReader(RecordReader):
                  "output length = reply tokens under the tokenizer (no recorded count in the source)",
                  "no timestamps: first turns at 0, later turns closed-loop with delay_ms 0; "
                  "replay with load.mode poisson or concurrency"]
-        if self.text.tokenizer.name.startswith("byte-fallback"):
-            notes.append("tokenized with the byte-level fallback: token counts are approximate")
+        notes += self.text.notes()
         return ReaderInfo(
             source_format=self.name, time_unit="ms", rebase=False, wallclock=False,
             hash_block_size=self.text.block_size, prefix_identity="real", hash_ids_required=True,

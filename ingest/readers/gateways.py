@@ -29,7 +29,7 @@ _EXTRAS = ("measured_ttft_ms", "measured_e2e_ms", "measured_tpot_ms", "measured_
 
 
 class GatewayReader(RecordReader):
-    """Shared loop; subclasses map one record to (arrival epoch ms, staged row)."""
+    """Shared loop; subclasses map one record to a staged row (``_fields``); TPOT is derived here."""
 
     fields: ClassVar[dict[str, str]] = {}
     tool: ClassVar[str] = ""
@@ -51,20 +51,17 @@ class GatewayReader(RecordReader):
             extra_columns=_EXTRAS, source_run={"tool": self.tool},
         )
 
-    def _row(self, obj: dict) -> dict[str, Any]:
+    def _fields(self, obj: dict) -> dict[str, Any]:
         raise NotImplementedError
 
+    def _row(self, obj: dict) -> dict[str, Any]:
+        row = self._fields(obj)
+        row["measured_tpot_ms"] = tpot_ms(row.get("measured_e2e_ms"), row.get("measured_ttft_ms"),
+                                          row.get("output_tokens"))
+        return row
+
     def items(self) -> Iterator[Item]:
-        for i, obj in enumerate(self.doc):
-            try:
-                if not isinstance(obj, dict):
-                    raise Bad("<json>", "a record must be a JSON object")
-                row = self._row(obj)
-                row["measured_tpot_ms"] = tpot_ms(row.get("measured_e2e_ms"), row.get("measured_ttft_ms"),
-                                                  row.get("output_tokens"))
-                yield Item(i, None, row)
-            except Bad as bad:
-                yield self.reject(i, None, bad, obj)
+        return self.each((i, None, obj) for i, obj in enumerate(self.doc))
 
 
 def _sid(value: Any) -> str | None:
@@ -77,7 +74,7 @@ class LiteLLMReader(GatewayReader):
     fields = {"t_ms": "startTime", "input_tokens": "prompt_tokens", "output_tokens": "completion_tokens",
               "request_id": "request_id", "session_id": "session_id"}
 
-    def _row(self, obj: dict) -> dict[str, Any]:
+    def _fields(self, obj: dict) -> dict[str, Any]:
         start = iso_ms(obj.get("startTime"), "startTime")
         if start is None:
             raise Bad("startTime", "missing timestamp")
@@ -105,7 +102,7 @@ class LangfuseReader(GatewayReader):
     fields = {"t_ms": "startTime", "input_tokens": "usageDetails.input", "output_tokens": "usageDetails.output",
               "request_id": "id", "session_id": "sessionId"}
 
-    def _row(self, obj: dict) -> dict[str, Any]:
+    def _fields(self, obj: dict) -> dict[str, Any]:
         start = iso_ms(obj.get("startTime"), "startTime")
         if start is None:
             raise Bad("startTime", "missing timestamp")
@@ -134,7 +131,7 @@ class HeliconeReader(GatewayReader):
     fields = {"t_ms": "request_created_at", "input_tokens": "prompt_tokens", "output_tokens": "completion_tokens",
               "request_id": "request_id"}
 
-    def _row(self, obj: dict) -> dict[str, Any]:
+    def _fields(self, obj: dict) -> dict[str, Any]:
         start = iso_ms(obj.get("request_created_at"), "request_created_at")
         if start is None:
             raise Bad("request_created_at", "missing timestamp")

@@ -77,8 +77,7 @@ class GenaiPerfReader(RecordReader):
         elif exp.get("mode") == "request_rate":
             run["request_rate"] = exp.get("value")
         notes = ["prompt text from request_inputs.payload, chain-hashed; TTFT/E2E/ITL from response_timestamps"]
-        if self.text.tokenizer.name.startswith("byte-fallback"):
-            notes.append("tokenized with the byte-level fallback: token counts are approximate")
+        notes += self.text.notes()
         return ReaderInfo(
             source_format=self.name, time_unit="ns", rebase=True, wallclock=True,
             hash_block_size=self.text.block_size, prefix_identity="real", hash_ids_required=True,
@@ -127,10 +126,4 @@ class GenaiPerfReader(RecordReader):
                 "measured_itl_mean_ms": (sum(gaps) / len(gaps)) if gaps else None, "model": body.get("model")}
 
     def items(self) -> Iterator[Item]:
-        for i, req in enumerate(self.exp.get("requests") or []):
-            try:
-                if not isinstance(req, dict):
-                    raise Bad("requests", "a request must be a JSON object")
-                yield Item(i, None, self._row(req))
-            except Bad as bad:
-                yield self.reject(i, None, bad, req)
+        return self.each((i, None, r) for i, r in enumerate(self.exp.get("requests") or []))

@@ -38,8 +38,7 @@ class MooncakeTextReader(RecordReader):
     def info(self) -> ReaderInfo:
         notes = ["prompt text (text_input/messages) chain-hashed into block ids; input_length, when given, wins",
                  "delay_ms taken from the source's delay/delay_ms fields; never inferred from timestamps"]
-        if self.text.tokenizer.name.startswith("byte-fallback"):
-            notes.append("tokenized with the byte-level fallback: token counts without input_length are approximate")
+        notes += self.text.notes()
         return ReaderInfo(
             source_format=self.name, time_unit="ms", rebase=False, wallclock=False,
             hash_block_size=self.text.block_size, prefix_identity="real", hash_ids_required=True,
@@ -68,12 +67,4 @@ class MooncakeTextReader(RecordReader):
                 "priority": _priority(prio, f_p)}
 
     def items(self) -> Iterator[Item]:
-        for record, line, obj in json_lines(self.path):
-            try:
-                if isinstance(obj, Bad):
-                    raise obj
-                if not isinstance(obj, dict):
-                    raise Bad("<json>", "line is not a JSON object")
-                yield Item(record, line, self._row(obj))
-            except Bad as bad:
-                yield self.reject(record, line, bad, obj)
+        return self.each(json_lines(self.path))

@@ -25,18 +25,7 @@ DEFAULT_BLOCK_SIZE = 16
 
 class _BatchReader(RecordReader):
     def items(self) -> Iterator[Item]:
-        for record, line, obj in json_lines(self.path):
-            try:
-                if isinstance(obj, Bad):
-                    raise obj
-                if not isinstance(obj, dict):
-                    raise Bad("<json>", "line is not a JSON object")
-                yield Item(record, line, self._row(obj))
-            except Bad as bad:
-                yield self.reject(record, line, bad, obj)
-
-    def _row(self, obj: dict) -> dict[str, Any]:
-        raise NotImplementedError
+        return self.each(json_lines(self.path))
 
 
 class OpenAIBatchInputReader(_BatchReader):
@@ -49,9 +38,7 @@ class OpenAIBatchInputReader(_BatchReader):
     def info(self) -> ReaderInfo:
         notes = ["prompt text from body.messages/input/prompt, chain-hashed (ingest.hashing)",
                  "output length is the request's max_tokens cap, not the real length",
-                 "no arrival times in a batch file: arrivals are 0, replay with a load mode"]
-        if self.text.tokenizer.name.startswith("byte-fallback"):
-            notes.append("tokenized with the byte-level fallback: token counts are approximate")
+                 "no arrival times in a batch file: arrivals are 0, replay with a load mode"] + self.text.notes()
         return ReaderInfo(
             source_format=self.name, time_unit="ms", rebase=False, wallclock=False,
             hash_block_size=self.text.block_size, prefix_identity="real", hash_ids_required=True,
