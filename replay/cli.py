@@ -27,6 +27,7 @@ _COMMAND_MODULES = (
     "calibrate_cmd",
     "validate_cmd",
     "export_cmd",
+    "calibrate_requests_cmd",
 )
 
 for _name in _COMMAND_MODULES:
