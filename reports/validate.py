@@ -149,8 +149,7 @@ def condition_differences(info: dict[str, Any], meta: TraceMetadata | None,
 
 def _samples(run: Run) -> dict[str, dict[str, list[float]]]:
     out: dict[str, dict[str, list[float]]] = {}
-    rows = run.con.execute("SELECT metric, predicted, measured, ape FROM validate_pairs "
-                           "ORDER BY metric, request_id").fetchall()
+    rows = run.con.execute(sql("validate_samples")).fetchall()
     for metric, predicted, measured, ape in rows:
         d = out.setdefault(metric, {"predicted": [], "measured": [], "ape": []})
         d["predicted"].append(predicted)
