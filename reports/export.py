@@ -21,13 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from replay.atomic import write_text_atomic
+from replay.atomic import check_output_file, write_text_atomic
 from replay.errors import ReplayError
 from reports.sqlfiles import sql
 from reports.views import open_run
 
 FORMATS = ("vllm-bench", "aiperf")
-_RUN_FILES = ("requests.parquet", "chunks.parquet", "steps.parquet", "run.json", "trace.parquet")
 
 
 def _rows(outdir: Path) -> tuple[list[dict[str, Any]], dict[str, Any], Any]:
@@ -144,11 +143,15 @@ def aiperf(outdir: Path) -> str:
 
 def export(outdir: str | Path, fmt: str, dest: str | Path) -> Path:
     """Write the replay in ``outdir`` as ``fmt`` to ``dest`` (atomically); returns ``dest``."""
+    from reports.report import run_files
+
     outdir, dest = Path(outdir), Path(dest)
     if fmt not in FORMATS:
         raise ReplayError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
-    if dest.resolve().parent == outdir.resolve() and dest.name in _RUN_FILES:
-        raise ReplayError(f"{dest}: refusing to overwrite a file of the replay output")
+    run = open_run(outdir)
+    run.con.close()
+    inputs = run_files(outdir) + [run.trace_path]
+    check_output_file(dest, inputs)  # before any work: never onto the replay's own files
     text = vllm_bench(outdir) if fmt == "vllm-bench" else aiperf(outdir)
-    write_text_atomic(dest, text)
+    write_text_atomic(dest, text, inputs)
     return dest

@@ -208,25 +208,31 @@ class ValidationOutput:
 def write_validation(outdir: str | Path, markdown: str | Path, *, measured: str | Path | None = None,
                      by: str | None = None, charts: bool = True, json_path: str | Path | None = None,
                      ingest_options: dict[str, Any] | None = None) -> ValidationOutput:
-    """Compute the validation and write markdown (+ PNG charts in ``<stem>_files/``, + JSON), atomically."""
+    """Compute the validation and write markdown (+ PNG charts in ``<stem>_files/``, + JSON), atomically.
+
+    Every output is checked before anything is computed or written: none may be one of the inputs."""
     from replay.atomic import atomic_dir, write_json_atomic, write_text_atomic
-    from reports.report import charts_dir_for
+    from reports.report import charts_dir_for, check_report_outputs, run_files
     from reports.validate_charts import validation_charts
     from reports.validate_render import render_validation
 
-    markdown = Path(markdown)
+    outdir, markdown = Path(outdir), Path(markdown)
+    run = open_run(outdir)
+    run.con.close()
+    inputs = run_files(outdir) + [run.trace_path, measured]
+    check_report_outputs(markdown, json_path, charts, inputs, [outdir, run.trace_path, measured])
     v = compute_validation(outdir, measured=measured, by=by, ingest_options=ingest_options)
     paths: dict[str, Path] = {}
     rel: dict[str, str] = {}
     if charts and v.samples:
         final_dir = charts_dir_for(markdown)
-        with atomic_dir(final_dir) as tmp:
+        with atomic_dir(final_dir, inputs=[outdir, run.trace_path, measured], kind="validate charts") as tmp:
             made = validation_charts(tmp, v)
         paths = {k: final_dir / p.name for k, p in made.items()}
         rel = {k: f"{final_dir.name}/{p.name}" for k, p in made.items()}
-    write_text_atomic(markdown, render_validation(v, rel) + "\n")
+    write_text_atomic(markdown, render_validation(v, rel) + "\n", inputs)
     if json_path is not None:
-        write_json_atomic(json_path, v.to_json())
+        write_json_atomic(json_path, v.to_json(), inputs)
     return ValidationOutput(markdown=markdown, charts=paths, validation=v)
 
 

@@ -60,7 +60,7 @@ def test_export_is_deterministic_and_refuses_run_files(small_run: Path, tmp_path
     a = export(small_run, "vllm-bench", tmp_path / "a.json").read_bytes()
     b = export(small_run, "vllm-bench", tmp_path / "b.json").read_bytes()
     assert a == b
-    with pytest.raises(ReplayError, match="refusing to overwrite"):
+    with pytest.raises(ReplayError, match="the output is the input"):
         export(small_run, "aiperf", small_run / "requests.parquet")
     res = CliRunner().invoke(app, ["export", str(small_run), "-f", "csv", "-o", str(tmp_path / "x")])
     assert res.exit_code == 2 and "unknown export format" in res.output
