@@ -157,3 +157,14 @@ def test_report_by_label(tmp_path: Path) -> None:
     with pytest.raises(ReplayError, match="--by priority"):
         write_report(tmp_path / "a", tmp_path / "r2.md", charts=False, by="priority")
     assert not (tmp_path / "r2.md").exists()
+
+
+def test_outputs_never_land_on_inputs(aiperf_run: Path, tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["validate", str(aiperf_run), "-o", str(aiperf_run / "requests.parquet")])
+    assert res.exit_code == 2 and "the output is the input" in " ".join(res.output.split())
+    measured = tmp_path / "m.jsonl"
+    export(aiperf_run, "aiperf", measured)
+    before = measured.read_bytes()
+    res = CliRunner().invoke(app, ["validate", str(aiperf_run), "-m", str(measured), "--json", str(measured),
+                                   "-o", str(tmp_path / "v.md")])
+    assert res.exit_code == 2 and measured.read_bytes() == before and not (tmp_path / "v.md").exists()
