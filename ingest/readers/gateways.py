@@ -68,6 +68,14 @@ def _sid(value: Any) -> str | None:
     return None if value is None or value == "" else str(value)
 
 
+def _start_ms(obj: dict, key: str) -> float:
+    """The request's start (the arrival) as epoch ms; a row without one cannot be placed in time."""
+    start = iso_ms(obj.get(key), key)
+    if start is None:
+        raise Bad(key, "missing timestamp")
+    return start
+
+
 class LiteLLMReader(GatewayReader):
     name = "litellm"
     tool = "LiteLLM spend logs"
@@ -75,9 +83,7 @@ class LiteLLMReader(GatewayReader):
               "request_id": "request_id", "session_id": "session_id"}
 
     def _fields(self, obj: dict) -> dict[str, Any]:
-        start = iso_ms(obj.get("startTime"), "startTime")
-        if start is None:
-            raise Bad("startTime", "missing timestamp")
+        start = _start_ms(obj, "startTime")
         end = iso_ms(obj.get("endTime"), "endTime")
         first_tok = iso_ms(obj.get("completionStartTime"), "completionStartTime")
         failed = str(obj.get("status") or "success").lower() == "failure"
@@ -103,9 +109,7 @@ class LangfuseReader(GatewayReader):
               "request_id": "id", "session_id": "sessionId"}
 
     def _fields(self, obj: dict) -> dict[str, Any]:
-        start = iso_ms(obj.get("startTime"), "startTime")
-        if start is None:
-            raise Bad("startTime", "missing timestamp")
+        start = _start_ms(obj, "startTime")
         n_in, f_in = first(obj, "usageDetails.input", "usage.input", "promptTokens")
         n_out, f_out = first(obj, "usageDetails.output", "usage.output", "completionTokens")
         cached, f_c = first(obj, "usageDetails.input_cached_tokens", "usageDetails.cache_read_input_tokens",
@@ -132,9 +136,7 @@ class HeliconeReader(GatewayReader):
               "request_id": "request_id"}
 
     def _fields(self, obj: dict) -> dict[str, Any]:
-        start = iso_ms(obj.get("request_created_at"), "request_created_at")
-        if start is None:
-            raise Bad("request_created_at", "missing timestamp")
+        start = _start_ms(obj, "request_created_at")
         e2e = to_ms(obj.get("delay_ms"), "ms", "delay_ms")
         if e2e is None:
             e2e = duration_ms(start, iso_ms(obj.get("response_created_at"), "response_created_at"),
