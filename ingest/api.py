@@ -71,6 +71,8 @@ def _metadata(path: Path, info: ReaderInfo, progress: Progress, sha: str, shift:
         prefix_identity=info.prefix_identity,  # type: ignore[arg-type]
         tokenizer=info.tokenizer,
         notes="; ".join(notes) or None,
+        source_run=info.source_run,
+        timestamps="absent" if info.no_timestamps else "recorded",
     )
 
 
@@ -113,7 +115,7 @@ def convert(source: str | Path, dest: str | Path, *, format: str | None = None, 
         try:
             for batch in canonical_batches(reader, info, opts, progress):
                 if writer is None:
-                    writer = TraceWriter(tmp, _metadata(source, info, progress, sha))
+                    writer = TraceWriter(tmp, _metadata(source, info, progress, sha), extras=info.extra_columns)
                 writer.write(batch)
         finally:
             if writer is not None:
@@ -167,5 +169,5 @@ def load_trace(path: str | Path, *, format: str | None = None, block_size: int |
     if progress.rows_out_of_order:
         table, shift = sort_by_arrival(table)
     meta = _metadata(path, info, progress, file_sha256(path), shift)
-    return table.cast(trace_schema_with(meta)), meta
+    return table.cast(trace_schema_with(meta, info.extra_columns)), meta
 

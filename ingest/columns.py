@@ -21,8 +21,12 @@ _INT_RE = r"^[+-]?[0-9]+$"
 _FLOAT_RE = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 _ZONE_RE = r"(Z|z|[+-][0-9]{2}:?[0-9]{2})$"
 
-TIME_UNITS = ("s", "ms", "us", "iso")
-_MS_PER_UNIT = {"s": 1000.0, "ms": 1.0, "us": 0.001}
+TIME_UNITS = ("s", "ms", "us", "ns", "iso")
+_MS_PER_UNIT = {"s": 1000.0, "ms": 1.0, "us": 0.001, "ns": 1e-6}
+# Unix-epoch clocks by magnitude: a reading in [lo, hi) of that unit is a date in 2001-2286. A column
+# whose earliest value falls in one unit's band is an absolute clock in that unit (relative times
+# start near 0), so a different stated unit is a mistake, never a silent 1000x stretch.
+_EPOCH_BANDS = {"s": (1e9, 1e10), "ms": (1e12, 1e13), "us": (1e15, 1e16), "ns": (1e18, 1e19)}
 _INT64_MAX = 2**63 - 1
 
 
@@ -143,11 +147,33 @@ def _python_iso(text: str) -> int:
     return (delta.days * 86400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
 
 
+def epoch_unit_of(value: float) -> str | None:
+    """The unit in which ``value`` reads as a Unix-epoch time in 2001-2286, or None."""
+    for unit, (lo, hi) in _EPOCH_BANDS.items():
+        if lo <= abs(value) < hi:
+            return unit
+    return None
+
+
+def unit_contradiction(vals: np.ndarray, valid: np.ndarray, unit: str) -> str | None:
+    """Why numeric times contradict ``unit`` (an epoch clock in another unit), or None."""
+    if not valid.any():
+        return None
+    first = float(np.min(vals[valid]))
+    seen = epoch_unit_of(first)
+    if seen is None or seen == unit:
+        return None
+    when = datetime.fromtimestamp(first / {"s": 1, "ms": 1e3, "us": 1e6, "ns": 1e9}[seen], tz=UTC)
+    return (f"time unit contradicts the values: {first:.0f} reads as epoch {seen} ({when:%Y-%m-%d}), "
+            f"not {unit}; use --time-unit {seen}")
+
+
 def parse_time_ms(arr: pa.Array | pa.ChunkedArray, unit: str) -> tuple[pa.Array, BadValues]:
     """Arrival times in whole milliseconds (int64).
 
     ``iso``: ISO-8601 strings, ms since the Unix epoch (floored, so a 7-digit fraction loses only
-    sub-ms digits). ``s``/``ms``/``us``: numbers in that unit, rounded to the nearest ms.
+    sub-ms digits). ``s``/``ms``/``us``/``ns``: numbers in that unit, rounded to the nearest ms; an
+    epoch clock in another unit (``unit_contradiction``) makes every value bad.
     """
     if unit not in TIME_UNITS:
         raise ConfigError(f"unknown time unit {unit!r}; use one of {', '.join(TIME_UNITS)}")
@@ -185,6 +211,9 @@ def parse_time_ms(arr: pa.Array | pa.ChunkedArray, unit: str) -> tuple[pa.Array,
     bad = [(i, r.replace("not a number", "unparseable timestamp")) for i, r in bad]
     vals = values_f.to_numpy(zero_copy_only=False)
     valid = ~np.isnan(vals)
+    wrong_unit = unit_contradiction(vals, valid, unit)
+    if wrong_unit is not None:
+        return pa.nulls(len(vals), pa.int64()), [(i, wrong_unit) for i in _indices(valid)]
     ms = np.rint(np.where(valid, vals, 0) * _MS_PER_UNIT[unit])
     too_big = valid & (np.abs(ms) > 2**62)
     bad += [(i, f"timestamp out of range: {float(vals[i])!r}") for i in _indices(too_big)]

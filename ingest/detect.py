@@ -52,9 +52,15 @@ def detect_format(path: str | Path, opts: IngestOptions | None = None) -> str:
                          path=str(path), line=1)
     record = first_record(path)
     if record is None:
+        peeked = _peek_keys(path)
+        if peeked is not None:
+            return peeked
         raise TraceError("cannot detect the format: not CSV (by name) and the first line is not a JSON object; "
                          "give --format", path=str(path), line=1)
     keys = set(record)
+    logs = detect_log_format(record)
+    if logs is not None:
+        return logs
     if {"chat_id", "parent_chat_id"} <= keys:
         return "bailian"
     if "hash_ids" in keys and keys & {"input_length", "input_tokens"}:
@@ -65,6 +71,73 @@ def detect_format(path: str | Path, opts: IngestOptions | None = None) -> str:
         return "jsonl"
     raise TraceError(f"unrecognised JSON fields {sorted(keys)}; give --format, or --format jsonl with --map flags",
                      path=str(path), line=1)
+
+
+def detect_log_format(record: dict) -> str | None:
+    """Tool logs (benchmark results, gateway exports, conversations) by their distinctive keys."""
+    keys = set(record)
+    if {"input_lens", "ttfts"} <= keys:
+        if keys & {"model_id", "start_times", "latencies", "endpoint_type"}:
+            return "vllm-bench"
+        if "dataset_name" in keys:
+            return "sglang-bench"
+        return None
+    meta = record.get("metadata")
+    if {"metadata", "metrics"} <= keys and isinstance(meta, dict) and "request_start_ns" in meta:
+        return "aiperf"
+    if "experiments" in keys and isinstance(record.get("experiments"), list):
+        return "genai-perf"
+    if {"custom_id", "body"} <= keys and "url" in keys:
+        return "openai-batch-input"
+    if {"custom_id", "response"} <= keys:
+        return "openai-batch-output"
+    if "resourceSpans" in keys:
+        return "otel"
+    if {"startTime", "prompt_tokens", "completion_tokens"} <= keys and keys & {"spend", "call_type", "api_key"}:
+        return "litellm"
+    if {"traceId", "startTime"} <= keys and keys & {"usageDetails", "usage", "promptTokens"}:
+        return "langfuse"
+    if {"request_created_at", "prompt_tokens"} <= keys:
+        return "helicone"
+    if "conversations" in keys and isinstance(record.get("conversations"), list):
+        return "sharegpt"
+    if "conversation" in keys and isinstance(record.get("conversation"), list):
+        return "lmsys"
+    if "hash_ids" not in keys and ("text_input" in keys or {"output_length", "messages"} <= keys):
+        return "mooncake-text"
+    return None
+
+
+_PEEK_BYTES = 1 << 16
+_PEEK_MARKERS = (('"conversations"', "sharegpt"), ('"conversation"', "lmsys"), ('"resourceSpans"', "otel"),
+                 ('"experiments"', "genai-perf"))
+
+
+def _peek_keys(path: Path) -> str | None:
+    """A multi-line JSON document (an array of conversations, pretty-printed OTLP or a benchmark
+    result): parse it when small, else look for one format's marker key near the start."""
+    from .readers._jsonl import open_binary
+
+    with open_binary(path) as fh:
+        head = fh.read(_PEEK_BYTES).decode("utf-8", "replace")
+    stripped = head.lstrip()
+    if not stripped.startswith(("{", "[")):
+        return None
+    if len(head) < _PEEK_BYTES:
+        import json
+
+        try:
+            doc = json.loads(head)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict) and isinstance(doc.get("data"), list) and doc["data"]:
+            doc = doc["data"]  # a page of a tool's API ({"data": [...], "meta": ...})
+        if isinstance(doc, list) and doc and isinstance(doc[0], dict):
+            doc = doc[0]
+        if isinstance(doc, dict):
+            return detect_log_format(doc)
+    found = {fmt for marker, fmt in _PEEK_MARKERS if marker in head}
+    return found.pop() if len(found) == 1 else None
 
 
 def make_reader(path: Path, opts: IngestOptions) -> Reader:

@@ -8,12 +8,13 @@ from typing import Literal
 from replay.errors import ConfigError
 
 from .columns import TIME_UNITS
+from .schema import OPTIONAL_SCHEMA
 
 OnError = Literal["fail", "skip"]
 
 # Canonical names accepted on the left of ``--map CANONICAL=SOURCE`` (generic csv/jsonl).
 MAP_TARGETS = ("arrival", "input_tokens", "output_tokens", "request_id", "session_id", "parent_id", "turn",
-               "delay_ms", "priority", "hash_ids")
+               "delay_ms", "priority", "hash_ids") + tuple(OPTIONAL_SCHEMA.names)
 _MAP_ALIASES = {"arrival_ms": "arrival", "timestamp": "arrival", "time": "arrival"}
 
 

@@ -21,7 +21,7 @@ from .options import IngestOptions
 from .readers._decode import guarded
 from .readers.base import Reader, ReaderInfo
 from .rejections import Rejection
-from .schema import TRACE_SCHEMA
+from .schema import TRACE_SCHEMA, trace_schema_for
 from .validate import validate
 
 
@@ -140,8 +140,8 @@ def _with_request_ids(st: pa.Table) -> pa.Table:
     return st.append_column("request_id", fallback)
 
 
-def to_canonical(st: pa.Table, base_ms: int) -> pa.Table:
-    """Staged (validated) rows -> the canonical schema; arrivals from trace start."""
+def to_canonical(st: pa.Table, base_ms: int, extras: tuple[str, ...] = ()) -> pa.Table:
+    """Staged (validated) rows -> the canonical schema (+ the reader's optional columns); arrivals from trace start."""
     n = st.num_rows
 
     def col(name: str, typ: pa.DataType) -> pa.Array:
@@ -161,7 +161,8 @@ def to_canonical(st: pa.Table, base_ms: int) -> pa.Table:
         "turn": col("turn", pa.int32()),
         "delay_ms": col("delay_ms", pa.int64()),
         "priority": col("priority", pa.int32()),
-    }).cast(TRACE_SCHEMA)
+        **{f.name: col(f.name, f.type) for f in trace_schema_for(extras) if f.name in extras},
+    }).cast(trace_schema_for(extras))
 
 
 def resolve_lines(reader: Reader, rejections: list[Rejection]) -> None:
@@ -216,7 +217,7 @@ def canonical_batches(reader: Reader, info: ReaderInfo, opts: IngestOptions, pro
         progress.rows_out_of_order += int((t < before).sum())
         running_max = hi if running_max is None else max(running_max, hi)
         progress.rows_good += good.num_rows
-        yield to_canonical(good, progress.base_ms)
+        yield to_canonical(good, progress.base_ms, info.extra_columns)
 
 
 def sort_by_arrival(table: pa.Table) -> tuple[pa.Table, int]:

@@ -34,6 +34,45 @@ TRACE_SCHEMA = pa.schema(
     ]
 )
 
+# Optional columns, kept from the source when it has them (never estimated): what a server measured
+# for the request (``measured_*``, client-side times in ms as the benchmark tools report them) and
+# labels to group reports by. A trace holds the core columns above plus any subset of these, in
+# this order; the engine ignores them, ``replay validate`` compares predictions against them.
+MEASURED_FIELDS = [
+    pa.field("measured_ttft_ms", pa.float64(), nullable=True),
+    pa.field("measured_e2e_ms", pa.float64(), nullable=True),
+    pa.field("measured_tpot_ms", pa.float64(), nullable=True),   # (e2e - ttft) / (output_tokens - 1)
+    pa.field("measured_itl_ms", pa.list_(pa.float64()), nullable=True),  # every inter-token/chunk gap
+    pa.field("measured_itl_mean_ms", pa.float64(), nullable=True),
+    pa.field("measured_cached_tokens", pa.int32(), nullable=True),  # prompt tokens served from a prefix cache
+    pa.field("measured_draft_tokens", pa.int32(), nullable=True),   # speculative draft tokens proposed
+    pa.field("measured_accepted_tokens", pa.int32(), nullable=True),  # draft tokens accepted
+]
+LABEL_FIELDS = [
+    pa.field("model", pa.string(), nullable=True),
+    pa.field("tenant", pa.string(), nullable=True),
+    pa.field("request_type", pa.string(), nullable=True),
+]
+OPTIONAL_SCHEMA = pa.schema(MEASURED_FIELDS + LABEL_FIELDS)
+MEASURED_COLUMNS = tuple(f.name for f in MEASURED_FIELDS)
+LABEL_COLUMNS = tuple(f.name for f in LABEL_FIELDS) + ("priority",)
+
+
+def trace_schema_for(extras: tuple[str, ...] | list[str] = ()) -> pa.Schema:
+    """The core schema plus the named optional columns, in canonical order."""
+    wanted = set(extras)
+    unknown = wanted - set(OPTIONAL_SCHEMA.names)
+    if unknown:
+        raise ValueError(f"unknown optional trace columns {sorted(unknown)}")
+    return pa.schema(list(TRACE_SCHEMA) + [f for f in OPTIONAL_SCHEMA if f.name in wanted])
+
+
+def optional_columns(names: list[str]) -> tuple[str, ...]:
+    """The optional canonical columns among ``names``, in canonical order."""
+    have = set(names)
+    return tuple(n for n in OPTIONAL_SCHEMA.names if n in have)
+
+
 PrefixIdentity = Literal["real", "synthesized", "absent"]
 
 METADATA_PREFIX = "replay."
@@ -56,6 +95,10 @@ class TraceMetadata(BaseModel):
     tokenizer: str | None = None
     tool_version: str = __version__
     notes: str | None = None
+    # How the source run was driven and served (benchmark load mode, rate, concurrency, model...),
+    # when the source says: ``replay validate`` states where a replay differs from it.
+    source_run: dict | None = None
+    timestamps: Literal["recorded", "absent"] = "recorded"  # absent: arrivals are 0, replay with a load mode
 
     def to_parquet_metadata(self) -> dict[bytes, bytes]:
         out: dict[bytes, bytes] = {}
@@ -85,7 +128,7 @@ def read_trace_metadata(path: str | Path) -> TraceMetadata:
 
 
 def read_trace(path: str | Path) -> tuple[pa.Table, TraceMetadata]:
-    """Read a whole canonical trace (columns cast to the canonical schema).
+    """Read a whole canonical trace (columns cast to the canonical schema, optional columns kept).
 
     The table's schema keeps the ``replay.*`` metadata, so ``trace_stats`` can find the block size.
     """
@@ -102,7 +145,8 @@ def read_trace(path: str | Path) -> tuple[pa.Table, TraceMetadata]:
     missing = [f.name for f in TRACE_SCHEMA if f.name not in table.column_names]
     if missing:
         raise TraceError(f"missing columns {missing}", path=str(path))
-    table = table.select(TRACE_SCHEMA.names).cast(TRACE_SCHEMA.with_metadata(meta.to_parquet_metadata()))
+    schema = trace_schema_for(optional_columns(table.column_names))
+    table = table.select(schema.names).cast(schema.with_metadata(meta.to_parquet_metadata()))
     return table, meta
 
 

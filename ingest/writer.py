@@ -12,21 +12,22 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .schema import TRACE_SCHEMA, TraceMetadata
+from .schema import TraceMetadata, trace_schema_for
 
 ROW_GROUP_ROWS = 262_144  # ~2-8 MB per group for traces without long id lists; a throughput/memory trade-off
 COMPRESSION = "zstd"
 
 
-def trace_schema_with(metadata: TraceMetadata) -> pa.Schema:
-    return TRACE_SCHEMA.with_metadata(metadata.to_parquet_metadata())
+def trace_schema_with(metadata: TraceMetadata, extras: tuple[str, ...] = ()) -> pa.Schema:
+    return trace_schema_for(extras).with_metadata(metadata.to_parquet_metadata())
 
 
 class TraceWriter:
     """Write canonical-schema tables to ``path`` in row groups."""
 
-    def __init__(self, path: str | Path, metadata: TraceMetadata, row_group_rows: int = ROW_GROUP_ROWS) -> None:
-        self.schema = trace_schema_with(metadata)
+    def __init__(self, path: str | Path, metadata: TraceMetadata, row_group_rows: int = ROW_GROUP_ROWS,
+                 extras: tuple[str, ...] = ()) -> None:
+        self.schema = trace_schema_with(metadata, extras)
         self._writer = pq.ParquetWriter(str(path), self.schema, compression=COMPRESSION)
         self._buffer: list[pa.Table] = []
         self._buffered = 0
@@ -56,7 +57,9 @@ class TraceWriter:
 
 def write_trace_table(path: str | Path, table: pa.Table, metadata: TraceMetadata) -> None:
     """Write a whole in-memory canonical table (caller handles atomicity)."""
-    writer = TraceWriter(path, metadata)
+    from .schema import optional_columns
+
+    writer = TraceWriter(path, metadata, extras=optional_columns(table.column_names))
     for start in range(0, max(table.num_rows, 1), ROW_GROUP_ROWS):
         writer.write(table.slice(start, ROW_GROUP_ROWS))
     writer.close()

@@ -27,6 +27,9 @@ _COMMAND_MODULES = (
     "diff_cmd",
     "steptime_cmd",
     "calibrate_cmd",
+    "validate_cmd",
+    "export_cmd",
+    "calibrate_requests_cmd",
 )
 
 _SIGNAL_EXIT = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated")}

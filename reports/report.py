@@ -11,6 +11,7 @@ from reports.charts import report_charts
 from reports.metrics import RunMetrics, compute
 from reports.render import render_report
 from reports.slo import Slo
+from reports.validate import validation_appendix
 from reports.views import open_run
 
 
@@ -43,7 +44,7 @@ class ReportResult:
 
 
 def write_report(outdir: str | Path, markdown: str | Path, *, slo: Slo | None = None, charts: bool = True,
-                 json_path: str | Path | None = None) -> ReportResult:
+                 json_path: str | Path | None = None, by: str | None = None) -> ReportResult:
     outdir, markdown = Path(outdir), Path(markdown)
     run = open_run(outdir)
     # Every output is checked before anything is written: no output may be one of the run's files.
@@ -53,6 +54,7 @@ def write_report(outdir: str | Path, markdown: str | Path, *, slo: Slo | None = 
         metrics = compute(run, slo)
     finally:
         run.con.close()
+    appendix = validation_appendix(outdir, by)  # per-label table, predicted vs measured (reports/validate.py)
     chart_paths: dict[str, Path] = {}
     rel: dict[str, str] = {}
     if charts:
@@ -62,7 +64,7 @@ def write_report(outdir: str | Path, markdown: str | Path, *, slo: Slo | None = 
             made = report_charts(tmp, metrics, with_cpu=with_cpu)
         chart_paths = {k: final_dir / p.name for k, p in made.items()}
         rel = {k: f"{final_dir.name}/{p.name}" for k, p in made.items()}
-    write_text_atomic(markdown, render_report(metrics, run.info, outdir, rel), inputs)
+    write_text_atomic(markdown, render_report(metrics, run.info, outdir, rel) + appendix, inputs)
     if json_path is not None:
         write_json_atomic(json_path, metrics.to_json(), inputs)
     return ReportResult(markdown=markdown, charts=chart_paths, metrics=metrics)

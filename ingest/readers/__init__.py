@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+from .aiperf import AiperfReader
 from .azure import AzureReader
 from .bailian import BailianReader
 from .base import Reader
+from .bench_results import SglangBenchReader, VllmBenchReader
 from .burstgpt import BurstGPTReader
+from .conversations import ConversationReader, LmsysReader
+from .genai_perf import GenaiPerfReader
+from .gateways import HeliconeReader, LangfuseReader, LiteLLMReader
 from .generic import GenericCsvReader, GenericJsonlReader
 from .mooncake import MooncakeReader
+from .mooncake_text import MooncakeTextReader
+from .openai_batch import OpenAIBatchInputReader, OpenAIBatchOutputReader
+from .otel import OtelReader
 from .requests import RequestsReader
 
 READERS: dict[str, type[Reader]] = {
     r.name: r
     for r in (MooncakeReader, BailianReader, AzureReader, BurstGPTReader, RequestsReader,
-              GenericCsvReader, GenericJsonlReader)
+              GenericCsvReader, GenericJsonlReader,
+              # tool logs carrying measured latencies and labels (ingest/readers/_records.py)
+              VllmBenchReader, SglangBenchReader, AiperfReader, OpenAIBatchInputReader, OpenAIBatchOutputReader,
+              LiteLLMReader, LangfuseReader, HeliconeReader, OtelReader, ConversationReader, LmsysReader,
+              MooncakeTextReader, GenaiPerfReader)
 }
 
 __all__ = ["READERS", "Reader"]

@@ -104,6 +104,19 @@ def _coerce(value: Any, typ: pa.DataType) -> tuple[Any, str | None]:
         if isinstance(value, bool) or not isinstance(value, int | float):
             return None, f"not a number: {json.dumps(value)[:60]}"
         return float(value), None
+    if pa.types.is_struct(typ):  # a nested object read through a dotted --map path
+        if not isinstance(value, dict):
+            return None, f"expected an object, got {json.dumps(value)[:60]}"
+        out = {}
+        for child in typ:
+            out[child.name], reason = _coerce(value.get(child.name), child.type)
+            if reason is not None:
+                return None, f"{child.name}: {reason}"
+        return out, None
+    if pa.types.is_list(typ) and pa.types.is_floating(typ.value_type):
+        if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int | float) for v in value):
+            return None, f"expected a list of numbers, got {json.dumps(value)[:60]}"
+        return [float(v) for v in value], None
     if pa.types.is_list(typ):
         if not isinstance(value, list):
             return None, f"expected a list of ids, got {json.dumps(value)[:60]}"

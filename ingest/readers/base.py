@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from ..options import IngestOptions
 from ..rejections import Rejection
+from ..schema import OPTIONAL_SCHEMA
 
 # Staged columns: ``t_ms`` is the arrival in ms (from trace start, or epoch ms for wall clocks);
 # ``_row`` is the 0-based record index in the source and ``_line`` its file line when known.
@@ -34,6 +35,8 @@ STAGED_TYPES: dict[str, pa.DataType] = {
     "priority": pa.int64(),
     "_row": pa.int64(),
     "_line": pa.int64(),
+    # optional canonical columns (ingest.schema.OPTIONAL_SCHEMA), staged in their canonical types
+    **{f.name: f.type for f in OPTIONAL_SCHEMA},
 }
 
 Staged = tuple[pa.Table, list[Rejection]]
@@ -55,6 +58,9 @@ class ReaderInfo:
     generated_ids: bool = False  # request ids are record indices (cannot collide)
     sessions_from_parents: bool = False  # session = root of the parent chain (Bailian)
     notes: list[str] = field(default_factory=list)
+    extra_columns: tuple[str, ...] = ()  # optional canonical columns this reader fills (measured_*, labels)
+    source_run: dict | None = None  # how the source run was driven (load mode, rate, model), when known
+    no_timestamps: bool = False  # the source has no arrival times (arrivals are 0: replay with a load mode)
 
 
 class Reader:
@@ -99,7 +105,7 @@ def staged_table(columns: dict[str, pa.Array | None], rows: pa.Array, lines: pa.
 class Col:
     """How to build one staged column: the source fields (first non-null wins) and their kind.
 
-    ``kind`` is ``int``, ``str``, ``ids`` (list of uint64) or ``time:<unit>`` (unit as in
+    ``kind`` is ``int``, ``float``, ``str``, ``ids`` (list of uint64) or ``time:<unit>`` (unit as in
     ``ingest.columns.parse_time_ms``).
     """
 
@@ -122,7 +128,7 @@ def _coalesced(raw: pa.Table, sources: tuple[str, ...]) -> tuple[pa.Array | None
 def stage(raw: pa.Table, rows: pa.Array, lines: pa.Array | None, spec: dict[str, Col],
           rejections: list[Rejection] | None = None) -> Staged:
     """Convert a raw source table to a staged one; rows with unparseable values become rejections."""
-    from ..columns import parse_int, parse_time_ms
+    from ..columns import parse_float, parse_int, parse_time_ms
 
     rejections = list(rejections or [])
     cols: dict[str, pa.Array | None] = {}
@@ -133,13 +139,15 @@ def stage(raw: pa.Table, rows: pa.Array, lines: pa.Array | None, spec: dict[str,
             continue
         if col.kind == "int":
             arr, problems = parse_int(arr)
+        elif col.kind == "float":
+            arr, problems = parse_float(arr)
         elif col.kind.startswith("time:"):
             arr, problems = parse_time_ms(arr, col.kind.split(":", 1)[1])
         elif col.kind == "str":
             if not pa.types.is_string(arr.type):
                 arr = arr.cast(pa.string())
             problems = []
-        elif col.kind == "ids":
+        elif col.kind in ("ids", "floats"):
             problems = []
         else:  # pragma: no cover - programming error
             raise ValueError(col.kind)

@@ -4,7 +4,10 @@ Required: ``arrival``, ``input_tokens``, ``output_tokens`` and ``--time-unit s|m
 generic file cannot tell seconds from milliseconds, the most common trace mistake, so the unit
 is never guessed). Optional: ``request_id``, ``session_id``, ``parent_id``, ``turn``,
 ``delay_ms``, ``priority``, ``hash_ids`` (then ``--block-size`` is required; in CSV a cell like
-``[1, 2, 3]`` or ``1 2 3``). Arrivals are rebased to the first request.
+``[1, 2, 3]`` or ``1 2 3``), and the optional ``measured_*`` and label columns
+(``ingest.schema.OPTIONAL_SCHEMA``). Arrivals are rebased to the first request. In JSONL a source
+may be a dotted path into nested objects (``--map input_tokens=usage.prompt_tokens``) unless the
+first record has that literal key.
 """
 
 from __future__ import annotations
@@ -17,12 +20,23 @@ import pyarrow.compute as pc
 from replay.errors import ConfigError
 
 from ..rejections import Rejection
+from ..schema import OPTIONAL_SCHEMA, optional_columns
 from ._csv import CsvSource
-from ._jsonl import JsonlSource
+from ._jsonl import JsonlSource, first_record
 from .base import Col, Reader, ReaderInfo, Staged, stage
 
+
+def _optional_kind(typ: pa.DataType) -> str:
+    if pa.types.is_list(typ):
+        return "floats"
+    if pa.types.is_integer(typ):
+        return "int"
+    return "float" if pa.types.is_floating(typ) else "str"
+
+
 _KINDS = {"request_id": "str", "session_id": "str", "parent_id": "str", "turn": "int", "delay_ms": "int",
-          "priority": "int", "input_tokens": "int", "output_tokens": "int", "hash_ids": "ids"}
+          "priority": "int", "input_tokens": "int", "output_tokens": "int", "hash_ids": "ids",
+          **{f.name: _optional_kind(f.type) for f in OPTIONAL_SCHEMA}}
 _U64_MAX = 2**64 - 1
 
 
@@ -32,7 +46,7 @@ def _check(opts) -> None:
         raise ConfigError("generic formats need --map for " + ", ".join(missing)
                           + " (e.g. --map arrival=ts --map input_tokens=prompt_len --map output_tokens=gen_len)")
     if opts.time_unit is None:
-        raise ConfigError("generic formats need --time-unit s|ms|us|iso (the unit is never guessed)")
+        raise ConfigError("generic formats need --time-unit s|ms|us|ns|iso (the unit is never guessed)")
     if "hash_ids" in opts.mapping and opts.block_size is None:
         raise ConfigError("--map hash_ids=... needs --block-size (tokens per hash id)")
 
@@ -52,6 +66,7 @@ def _info(name: str, opts) -> ReaderInfo:
         source_format=name, time_unit=opts.time_unit, rebase=True, wallclock=opts.time_unit == "iso",
         hash_block_size=opts.block_size if has_ids else None, prefix_identity="real" if has_ids else "absent",
         hash_ids_required=has_ids, generated_ids="request_id" not in opts.mapping, field_names=fields,
+        extra_columns=optional_columns(list(opts.mapping)),
         notes=["columns mapped with --map " + ",".join(f"{k}={v}" for k, v in sorted(opts.mapping.items()))],
     )
 
@@ -87,6 +102,8 @@ class GenericCsvReader(Reader):
     def __init__(self, path, opts) -> None:
         super().__init__(path, opts)
         _check(opts)
+        if "measured_itl_ms" in opts.mapping:
+            raise ConfigError("--map measured_itl_ms needs a JSON list: use JSONL, or map measured_itl_mean_ms")
         self.source = CsvSource(self.path, sorted(set(opts.mapping.values())))
 
     def info(self) -> ReaderInfo:
@@ -113,7 +130,35 @@ class GenericCsvReader(Reader):
         return self.source.line_of(rows)
 
 
-_JSON_TYPES = {"str": pa.string(), "int": pa.int64(), "ids": pa.list_(pa.uint64())}
+_JSON_TYPES = {"str": pa.string(), "int": pa.int64(), "float": pa.float64(), "ids": pa.list_(pa.uint64()),
+               "floats": pa.list_(pa.float64())}
+
+
+def nested_schema(fields: dict[str, pa.DataType], literal: set[str]) -> pa.Schema:
+    """A read schema where each dotted name (not in ``literal``) becomes nested struct fields."""
+    tree: dict = {}
+    for name, typ in fields.items():
+        parts = [name] if name in literal else name.split(".")
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--map: {name!r} reads into {part!r}, which another mapping uses as a value")
+        if isinstance(node.get(parts[-1]), dict):
+            raise ConfigError(f"--map: {name!r} is an object that another mapping reads into")
+        node[parts[-1]] = typ
+
+    def build(node: dict) -> list[pa.Field]:
+        return [pa.field(k, pa.struct(build(v)) if isinstance(v, dict) else v) for k, v in node.items()]
+
+    return pa.schema(build(tree))
+
+
+def flatten_structs(table: pa.Table) -> pa.Table:
+    """Nested struct columns -> flat columns named by their dotted paths."""
+    while any(pa.types.is_struct(f.type) for f in table.schema):
+        table = table.flatten()
+    return table
 
 
 class GenericJsonlReader(Reader):
@@ -128,7 +173,9 @@ class GenericJsonlReader(Reader):
             kind = col.kind
             typ = (pa.string() if kind == "time:iso" else pa.float64()) if kind.startswith("time:") else _JSON_TYPES[kind]
             fields[col.sources[0]] = typ
-        self.source = JsonlSource(self.path, pa.schema(list(fields.items())))
+        first = first_record(self.path) or {}
+        literal = {name for name in fields if name in first}
+        self.source = JsonlSource(self.path, nested_schema(fields, literal))
 
     def info(self) -> ReaderInfo:
         return _info(self.name, self.opts)
@@ -136,7 +183,7 @@ class GenericJsonlReader(Reader):
     def batches(self) -> Iterator[Staged]:
         spec = _spec(self.opts)
         for raw, rows, rejections, lines in self.source.tables():
-            yield stage(raw, rows, lines, spec, rejections)
+            yield stage(flatten_structs(raw), rows, lines, spec, rejections)
 
     def line_of(self, rows: list[int]) -> dict[int, int | None]:
         return self.source.line_of(rows)

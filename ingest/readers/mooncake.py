@@ -4,7 +4,8 @@ FAST'25: ``{"timestamp": ms from trace start, "input_length", "output_length", "
 one id per 512-token block (the last block partial). Extended rows may add ``request_id``,
 ``session_id``, ``delay``/``delay_ms`` (think time after the previous turn completes),
 ``created_time`` (alias of ``timestamp``), ``input_tokens``/``output_tokens`` (aliases of the
-lengths) and ``priority``. Timestamps are kept as given (they are already from trace start).
+lengths) and ``priority`` (or aiperf's ``extra.nvext.priority``). Rows with prompt text
+(``text_input``/``messages``) instead of ids are the ``mooncake-text`` reader's. Timestamps are kept as given (they are already from trace start).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pyarrow as pa
 
 from ._jsonl import JsonlSource
 from .base import Col, Reader, ReaderInfo, Staged, stage
+from .generic import flatten_structs
 
 DEFAULT_BLOCK_SIZE = 512  # tokens per hash id in the FAST'25 release (its README and trace-formats.md)
 
@@ -26,6 +28,7 @@ FAST_SCHEMA = pa.schema([
     ("request_id", pa.string()), ("session_id", pa.string()),
     ("delay", pa.float64()), ("delay_ms", pa.float64()),
     ("priority", pa.int64()),
+    ("extra", pa.struct([("nvext", pa.struct([("priority", pa.int64())]))])),  # aiperf/Dynamo request extras
 ])
 
 SPEC = {
@@ -36,7 +39,7 @@ SPEC = {
     "request_id": Col(("request_id",), "str"),
     "session_id": Col(("session_id",), "str"),
     "delay_ms": Col(("delay_ms", "delay"), "time:ms"),
-    "priority": Col(("priority",), "int"),
+    "priority": Col(("priority", "extra.nvext.priority"), "int"),
 }
 
 
@@ -64,7 +67,7 @@ class MooncakeReader(Reader):
 
     def batches(self) -> Iterator[Staged]:
         for raw, rows, rejections, lines in self.source.tables():
-            yield stage(raw, rows, lines, SPEC, rejections)
+            yield stage(flatten_structs(raw), rows, lines, SPEC, rejections)
 
     def line_of(self, rows: list[int]) -> dict[int, int | None]:
         return self.source.line_of(rows)

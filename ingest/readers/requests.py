@@ -6,7 +6,10 @@ tokenizer.json`` or the deterministic byte-level fallback (approximate counts; t
 says which). Token ids are chain-hashed into blocks of ``--block-size`` (default 16, vLLM's
 block size) so prefix identity is exact. Output length: ``output_tokens``,
 ``completion_tokens``, ``usage.completion_tokens``, ``output_token_ids`` or, last,
-``max_tokens`` (the cap, not the real length: noted in the metadata). Arrival: ``timestamp``,
+``max_tokens`` (the cap, not the real length: noted in the metadata). A recorded prompt count
+(``usage.prompt_tokens`` / ``usage.input_tokens`` / ``prompt_tokens``) wins over the tokenizer's
+count (hash ids resized to it, shared leading blocks kept); ``usage.prompt_tokens_details
+.cached_tokens`` and ``model`` are kept when the first line has them. Arrival: ``timestamp``,
 ``arrival_time``, ``created`` or ``created_at``; ISO strings, or numbers in ``--time-unit``
 (default seconds, the unit of OpenAI's ``created``); rebased to the first request.
 """
@@ -22,8 +25,9 @@ import pyarrow as pa
 from ..columns import parse_time_ms
 from ..hashing import Tokenizer, chain_hash_blocks, render_messages
 from ..rejections import Rejection
-from ._jsonl import _I64_MAX, json_objects
-from .base import Reader, ReaderInfo, Staged, staged_table
+from ._jsonl import _I64_MAX, first_record, json_objects
+from ._records import fit_ids
+from .base import STAGED_TYPES, Reader, ReaderInfo, Staged, staged_table
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default KV block size: exact identity at the engine's granularity
 _BATCH = 16_384
@@ -60,6 +64,9 @@ class RequestsReader(Reader):
         super().__init__(path, opts)
         self.tokenizer = Tokenizer(opts.tokenizer)
         self.block_size = opts.block_size or DEFAULT_BLOCK_SIZE
+        head = first_record(self.path) or {}
+        self.extras = tuple(name for name, present in (
+            ("measured_cached_tokens", isinstance(head.get("usage"), dict)), ("model", "model" in head)) if present)
 
     def info(self) -> ReaderInfo:
         notes = ["hash ids: blake2b chain hash of token-id blocks (ingest.hashing)",
@@ -73,7 +80,8 @@ class RequestsReader(Reader):
             tokenizer=self.tokenizer.name,
             field_names={"t_ms": "timestamp", "input_tokens": "prompt", "output_tokens": "output_tokens",
                          "request_id": "request_id", "hash_ids": "prompt"},
-            notes=notes,
+            notes=notes + ["recorded prompt counts (usage.prompt_tokens) win over the tokenizer's"],
+            extra_columns=self.extras,
         )
 
     def _prompt_tokens(self, obj: dict) -> list[int]:
@@ -107,8 +115,23 @@ class RequestsReader(Reader):
             return _int(obj, "max_tokens")
         return None
 
+    def _recorded(self, obj: dict) -> tuple[int | None, int | None]:
+        """(recorded prompt tokens, recorded cached prompt tokens) from the log's usage counts."""
+        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
+        prompt = next(((usage, k) for k in ("prompt_tokens", "input_tokens") if usage.get(k) is not None),
+                      (obj, "prompt_tokens"))
+        details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+        cached = _int(details, "cached_tokens") if isinstance(details, dict) else None
+        return _int(*prompt), cached
+
     def _row(self, obj: dict) -> dict[str, Any]:
         tokens = self._prompt_tokens(obj)
+        recorded, cached = self._recorded(obj)
+        ids = chain_hash_blocks(tokens, self.block_size)
+        if recorded is not None and recorded != len(tokens):
+            if recorded < 1:
+                raise _Bad("usage.prompt_tokens", f"recorded prompt length {recorded} is not positive")
+            ids = fit_ids(ids, recorded, self.block_size)
         rid = next((obj[k] for k in _ID_KEYS if obj.get(k) is not None), None)
         t = next((obj[k] for k in _TIME_KEYS if obj.get(k) is not None), None)
         if t is not None and not isinstance(t, str | int | float) or isinstance(t, bool):
@@ -116,9 +139,11 @@ class RequestsReader(Reader):
         return {
             "request_id": None if rid is None else str(rid),
             "t_raw": t,
-            "input_tokens": len(tokens),
+            "input_tokens": len(tokens) if recorded is None else recorded,
             "output_tokens": self._output(obj),
-            "hash_ids": chain_hash_blocks(tokens, self.block_size),
+            "hash_ids": ids,
+            "measured_cached_tokens": cached,
+            "model": obj.get("model") if isinstance(obj.get("model"), str) else None,
             "session_id": None if obj.get("session_id") is None else str(obj["session_id"]),
             "parent_id": None if obj.get("parent_id") is None else str(obj["parent_id"]),
             "delay_ms": _int(obj, "delay_ms"),
@@ -138,6 +163,7 @@ class RequestsReader(Reader):
             ("request_id", pa.string()), ("input_tokens", pa.int64()), ("output_tokens", pa.int64()),
             ("hash_ids", pa.list_(pa.uint64())), ("session_id", pa.string()), ("parent_id", pa.string()),
             ("delay_ms", pa.int64()), ("priority", pa.int64()))}
+        cols.update({name: pa.array([r[name] for r in rows_out], STAGED_TYPES[name]) for name in self.extras})
         cols["t_ms"] = t_ms
         table = staged_table(cols, pa.array(rows, pa.int64()), pa.array(lines, pa.int64()))
         if bad:

@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
                                                                   "requests 16 by default)."),
         on_error: str = typer.Option("fail", "--on-error", help="fail: stop at the first bad row, write nothing; "
                                                                 "skip: write good rows, list bad ones in a side file."),
-        time_unit: str = typer.Option(None, "--time-unit", help="s, ms, us or iso (generic formats; request logs)."),
+        time_unit: str = typer.Option(None, "--time-unit", help="s, ms, us, ns or iso (generic formats; request logs)."),
         map_: list[str] = typer.Option(None, "--map", help="CANONICAL=SOURCE column mapping (generic csv/jsonl), "
                                                            "repeatable: --map arrival=ts --map input_tokens=n_in"),
         tokenizer: str = typer.Option(None, "--tokenizer", help="HF tokenizer.json for text prompts "

@@ -41,20 +41,24 @@ def register(app: typer.Typer) -> None:
                                        help="LRU capacities (in hash blocks) to simulate, comma-separated."),
         format: str = typer.Option(None, "--format", "-f", help="Source format when TRACE is not canonical."),
         block_size: int = typer.Option(None, "--block-size", help="Tokens per hash id (non-canonical input)."),
-        time_unit: str = typer.Option(None, "--time-unit", help="s, ms, us or iso (generic formats)."),
+        time_unit: str = typer.Option(None, "--time-unit", help="s, ms, us, ns or iso (generic formats)."),
         map_: list[str] = typer.Option(None, "--map", help="CANONICAL=SOURCE column mapping (generic formats)."),
+        drop_failed: bool = typer.Option(False, "--drop-failed", help="Drop failed requests (zero output tokens)."),
     ) -> None:
         """Rows, span, rate, burstiness, length percentiles, sessions and prefix reuse of a trace."""
         from ingest.api import load_trace, trace_stats
+        from ingest.measured_stats import label_summary, measured_summary
         from ingest.options import parse_map_flags
 
         with user_errors():
             caps = _capacities(lru_blocks)
             table, meta = load_trace(trace, format=format, block_size=block_size, time_unit=time_unit,
-                                     mapping=parse_map_flags(map_ or []))
+                                     mapping=parse_map_flags(map_ or []), drop_failed=drop_failed)
             stats = trace_stats(table, caps)
         stats["source_format"] = meta.source_format
         stats["prefix_identity"] = meta.prefix_identity
+        stats.update(measured=measured_summary(table), labels=label_summary(table),
+                     timestamps=meta.timestamps, source_run=meta.source_run)
         if as_json:
             print(json.dumps(stats, sort_keys=True))
             return
@@ -75,6 +79,20 @@ def register(app: typer.Typer) -> None:
         out.add_row("token_prefix_hit_infinite", _fmt(stats["token_prefix_hit_infinite"]))
         for cap, rate in stats["lru_hit"].items():
             out.add_row(f"LRU hit @ {int(cap):,} blocks", _fmt(rate, 3))
+        for name, d in stats["measured"].items():
+            out.add_row(f"{name} (n={d['requests']:,}) mean / p50 / p90 / p99",
+                        " / ".join(_fmt(d[k], 2) for k in ("mean", "p50", "p90", "p99")))
+        for name, d in stats["labels"].items():
+            top = ", ".join(f"{v} ({c:,})" for v, c in d["top"])
+            out.add_row(f"label {name}: {d['distinct']:,} values", top)
+        if stats["source_run"]:
+            out.add_row("source run", ", ".join(f"{k}={v}" for k, v in stats["source_run"].items()
+                                                if not isinstance(v, list)))
         console.print(out)
+        if stats["timestamps"] == "absent":
+            console.print("no arrival times in the source: every arrival is 0; replay with "
+                          "--set load.mode=concurrency or poisson")
+        if not stats["measured"]:
+            console.print("no measured latencies in this trace: `replay validate` needs a log that has them")
         if stats["block_reuse_fraction"] is None:
             console.print("no hash ids in this trace: prefix reuse is unknown, not zero")

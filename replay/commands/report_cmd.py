@@ -20,13 +20,15 @@ def register(app: typer.Typer) -> None:
         slo: str | None = typer.Option(None, "--slo", help="Goodput SLOs in ms, e.g. ttft=500,tpot=50 (keys ttft, tpot, e2e)."),
         charts: bool = typer.Option(True, "--charts/--no-charts", help="Draw the PNG charts."),
         json_out: Path | None = typer.Option(None, "--json", help="Also write every metric as JSON here."),
+        by: str | None = typer.Option(None, "--by", help="Also group the metrics by a trace label: model, tenant, "
+                                                         "request_type or priority."),
     ) -> None:
         """Summarize one replay: latency percentiles, throughput, goodput, reuse, scheduler, charts."""
         with user_errors():
             from reports.report import write_report
             from reports.slo import parse_slo
 
-            result = write_report(outdir, output, slo=parse_slo(slo), charts=charts, json_path=json_out)
+            result = write_report(outdir, output, slo=parse_slo(slo), charts=charts, json_path=json_out, by=by)
         console.print(f"wrote [bold]{escape(str(result.markdown))}[/]" + (f" and {len(result.charts)} charts in "
                                                            f"{next(iter(result.charts.values())).parent}"
                                                            if result.charts else ""))

@@ -1,0 +1,24 @@
+-- Per request and metric: the replay's prediction beside the log's measurement (long format).
+-- Views: requests (the run), measured (request_id, grp, measured_* columns; NULL when the log has
+-- none). Finished requests with both values only. Predicted cached tokens = GPU prefix hits + G2
+-- (host) hits at first admission: what vLLM reports as the request's cached prompt tokens.
+-- error = predicted - measured; ape = |error| / measured (undefined when measured is 0).
+CREATE OR REPLACE TEMP TABLE validate_pairs AS
+WITH j AS (
+    SELECT r.request_id, m.grp, r.ttft_ms, r.tpot_ms, r.e2e_ms,
+           (r.cached_tokens + r.cpu_hit_tokens)::DOUBLE AS cached,
+           m.measured_ttft_ms, m.measured_tpot_ms, m.measured_e2e_ms, m.measured_cached_tokens::DOUBLE AS m_cached
+    FROM requests r JOIN measured m USING (request_id)
+    WHERE r.status = 'finished'
+), long AS (
+    SELECT request_id, grp, 'ttft' AS metric, ttft_ms AS predicted, measured_ttft_ms AS measured FROM j
+    UNION ALL SELECT request_id, grp, 'tpot', tpot_ms, measured_tpot_ms FROM j
+    UNION ALL SELECT request_id, grp, 'e2e', e2e_ms, measured_e2e_ms FROM j
+    UNION ALL SELECT request_id, grp, 'cached_tokens', cached, m_cached FROM j
+)
+SELECT request_id, grp, metric, predicted, measured,
+       predicted - measured AS error,
+       abs(predicted - measured) AS abs_error,
+       CASE WHEN measured > 0 THEN abs(predicted - measured) / measured END AS ape
+FROM long
+WHERE predicted IS NOT NULL AND measured IS NOT NULL

@@ -1,0 +1,268 @@
+"""``replay validate``: a replay's per-request predictions against what a real server measured.
+
+The measurements are the ``measured_*`` columns of the run's own trace (a log ingested from vllm
+bench, aiperf, a gateway...), or of another file given with ``measured=``; requests are matched by
+``request_id``. Per request and metric (TTFT, TPOT, E2E, cached prompt tokens) the error is
+predicted - measured; the summary gives MAPE, bias and p50/p90 absolute error, optionally per
+label (``by="tenant"``). Because a replay is only comparable to the run that produced the log
+when it was driven and served the same way, every recorded difference (load mode, concurrency,
+rate, model, speculative decoding, speedup, request limit) is stated, never silently ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ingest.schema import LABEL_COLUMNS, MEASURED_COLUMNS, TraceMetadata
+from replay.errors import ReplayError
+from reports.sqlfiles import sql
+from reports.views import Run, open_run
+
+METRICS = {"ttft": ("TTFT", "ms"), "tpot": ("TPOT", "ms"), "e2e": ("E2E latency", "ms"),
+           "cached_tokens": ("cached prompt tokens", "tokens")}
+COMPARED = ("measured_ttft_ms", "measured_tpot_ms", "measured_e2e_ms", "measured_cached_tokens")
+NO_GROUP = "all"
+WORST_LIMIT = 10
+
+
+@dataclass
+class Validation:
+    """Everything ``replay validate`` reports (JSON-safe via ``to_json``)."""
+
+    outdir: str
+    measured_source: str
+    by: str | None
+    coverage: dict[str, int]
+    summary: list[dict[str, Any]]
+    worst: list[dict[str, Any]]
+    differences: list[str]
+    unrecorded: list[str]
+    samples: dict[str, dict[str, list[float]]] = field(default_factory=dict, repr=False)  # charts only
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("samples")
+        return out
+
+
+def _measured_table(source: pa.Table, by: str | None, where: str, need_measurements: bool = True) -> pa.Table:
+    """``request_id``, ``grp`` and the compared measured columns (null where the log has none)."""
+    n = source.num_rows
+    present = [c for c in MEASURED_COLUMNS if c in source.column_names
+               and source.column(c).null_count < n]
+    if need_measurements and not any(c in present for c in COMPARED):
+        raise ReplayError(f"{where}: no measured latencies or cached tokens (measured_* columns) to validate "
+                          "against; ingest a log that has them (vllm-bench, aiperf, litellm, ... see docs/validate.md)")
+    if by is not None:
+        if by not in LABEL_COLUMNS:
+            raise ReplayError(f"--by {by}: not a label; use one of {', '.join(LABEL_COLUMNS)}")
+        if by not in source.column_names or source.column(by).null_count == n:
+            labels = [c for c in LABEL_COLUMNS if c in source.column_names and source.column(c).null_count < n]
+            raise ReplayError(f"--by {by}: {where} has no '{by}' values (labels present: {', '.join(labels) or 'none'})")
+        grp = pc.fill_null(source.column(by).cast(pa.string()), "(none)")
+    else:
+        grp = pa.array([NO_GROUP] * n, pa.string())
+    cols = {"request_id": source.column("request_id").cast(pa.string()), "grp": grp}
+    for name in COMPARED:
+        cols[name] = (source.column(name).cast(pa.float64()) if name in source.column_names
+                      else pa.nulls(n, pa.float64()))
+    return pa.table(cols)
+
+
+def _load_measured(run: Run, measured: Path | None, ingest_options: dict[str, Any]) -> tuple[pa.Table, TraceMetadata | None, str]:
+    if measured is not None:
+        from ingest import load_trace
+
+        table, meta = load_trace(measured, drop_failed=True, **ingest_options)
+        return table, meta, str(measured)
+    if run.trace_path is None:
+        raise ReplayError(f"{run.outdir}: the run's trace is not found, so its measured columns are unknown; "
+                          "give the log with --measured FILE")
+    return pq.read_table(run.trace_path), run.trace_meta, str(run.trace_path)
+
+
+def _names(model: str | None) -> str:
+    return (model or "").rstrip("/").split("/")[-1].lower()
+
+
+def condition_differences(info: dict[str, Any], meta: TraceMetadata | None,
+                          models: list[str]) -> tuple[list[str], list[str]]:
+    """(what differs between this replay and the run that produced the log, what the log does not record)."""
+    config = info.get("config") or {}
+    load = config.get("load") or {}
+    mode = load.get("mode", "trace_timestamps")
+    source = (meta.source_run if meta is not None else None) or {}
+    diffs: list[str] = []
+    unrecorded: list[str] = ["the hardware and engine settings of the measured server (the replay models "
+                             f"{config.get('hardware', '?')}, TP {config.get('tensor_parallel_size', '?')}, "
+                             f"{(config.get('kv_cache') or {}).get('num_gpu_blocks') or 'derived'} GPU KV blocks)"]
+    if meta is not None and meta.timestamps == "absent" and mode == "trace_timestamps":
+        diffs.append("the log has no arrival times, yet the replay used trace timestamps: every request "
+                     "arrived at 0 (give --set load.mode=concurrency or poisson to match how the log was produced)")
+    conc = source.get("max_concurrency")
+    if conc not in (None, "inf"):
+        if mode == "trace_timestamps" and meta is not None and meta.timestamps == "recorded":
+            diffs.append(f"the log's client kept at most {conc} requests in flight; the replay released them at "
+                         "the recorded send times (which include the client's queueing) in open loop, so a "
+                         "slower or faster replay is not throttled as the client was "
+                         f"(--set load.mode=concurrency --set load.concurrency={conc} replays the limit itself)")
+        elif mode != "concurrency":
+            diffs.append(f"the log was produced with at most {conc} requests in flight; the replay used load mode "
+                         f"{mode} (--set load.mode=concurrency --set load.concurrency={conc})")
+        elif int(load.get("concurrency") or 0) != int(conc):
+            diffs.append(f"the log was produced at concurrency {conc}; the replay used {load.get('concurrency')}")
+    rate = source.get("request_rate")
+    if isinstance(rate, int | float) and meta is not None and meta.timestamps == "absent":
+        if mode != "poisson" or float(load.get("rate") or 0) != float(rate):
+            diffs.append(f"the log was produced at {rate:g} req/s (no per-request times recorded); the replay used "
+                         f"load mode {mode}" + (f" at {load.get('rate')} req/s" if mode == "poisson" else ""))
+    if mode == "trace_timestamps" and float(load.get("speedup") or 1.0) != 1.0:
+        diffs.append(f"the replay ran the log's arrivals at speedup {load.get('speedup')}: not the measured load")
+    trace = info.get("trace") or {}
+    if trace.get("replayed_rows") is not None and trace.get("rows") is not None \
+            and int(trace["replayed_rows"]) < int(trace["rows"]):
+        diffs.append(f"the replay stopped after {trace['replayed_rows']} of {trace['rows']} requests "
+                     "(load.max_requests): later arrivals did not load the server")
+    logged = sorted({m for m in models if m} | ({source["model_id"]} if source.get("model_id") else set()))
+    if logged and all(_names(m) != _names(config.get("model")) for m in logged):
+        diffs.append(f"the log was served by {', '.join(logged)}; the replay modeled {config.get('model')}")
+    elif not logged:
+        unrecorded.append("the served model")
+    spec_logged = any(str(k).startswith("spec_decode_") for k in source)
+    if spec_logged and not config.get("speculative"):
+        diffs.append("the log's server used speculative decoding (spec_decode_* counters); the replay did not")
+    if not spec_logged and config.get("speculative"):
+        unrecorded.append("whether the measured server used speculative decoding (the replay did)")
+    uncalibrated = (info.get("timing") or {}).get("uncalibrated")
+    if uncalibrated:
+        unrecorded.append("how well the step-time model fits the measured server: its "
+                          f"{', '.join(map(str, uncalibrated)) if isinstance(uncalibrated, list) else 'constants'} "
+                          "are uncalibrated (see run.json timing; `replay calibrate`)")
+    return diffs, unrecorded
+
+
+def _samples(run: Run) -> dict[str, dict[str, list[float]]]:
+    out: dict[str, dict[str, list[float]]] = {}
+    rows = run.con.execute(sql("validate_samples")).fetchall()
+    for metric, predicted, measured, ape in rows:
+        d = out.setdefault(metric, {"predicted": [], "measured": [], "ape": []})
+        d["predicted"].append(predicted)
+        d["measured"].append(measured)
+        if ape is not None:
+            d["ape"].append(ape)
+    return out
+
+
+def _records(cur) -> list[dict[str, Any]]:
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def compute_validation(outdir: str | Path, *, measured: str | Path | None = None, by: str | None = None,
+                       ingest_options: dict[str, Any] | None = None, worst: int = WORST_LIMIT) -> Validation:
+    """Compare the run in ``outdir`` with the measurements of its trace (or of ``measured``)."""
+    run = open_run(outdir)
+    try:
+        source, meta, where = _load_measured(run, Path(measured) if measured else None, ingest_options or {})
+        table = _measured_table(source, by, where)
+        run.con.register("measured", table)
+        run.con.execute(sql("validate_pairs"))
+        coverage = _records(run.con.execute(sql("validate_coverage")))[0]
+        if coverage["matched"] == 0:
+            raise ReplayError(f"{where}: no measured request matches a finished request of {run.outdir} by "
+                              "request_id (was the replay made from this log?)")
+        summary = _records(run.con.execute(sql("validate_summary")))
+        worst_rows = _records(run.con.execute(sql("validate_worst"), {"limit": worst}))
+        samples = _samples(run)
+        models = (source.column("model").unique().drop_null().to_pylist() if "model" in source.column_names else [])
+        differences, unrecorded = condition_differences(run.info, meta, models)
+    finally:
+        run.con.close()
+    return Validation(outdir=str(outdir), measured_source=where, by=by, coverage=coverage, summary=summary,
+                      worst=worst_rows, differences=differences, unrecorded=unrecorded, samples=samples)
+
+
+def has_measurements(outdir: str | Path) -> bool:
+    """Whether the run's trace carries measured columns (``replay report`` then adds a validation section)."""
+    run = open_run(outdir)
+    run.con.close()
+    if run.trace_path is None:
+        return False
+    names = pq.read_schema(run.trace_path).names
+    return any(c in names for c in COMPARED)
+
+
+@dataclass
+class ValidationOutput:
+    markdown: Path
+    charts: dict[str, Path]
+    validation: Validation
+
+
+def write_validation(outdir: str | Path, markdown: str | Path, *, measured: str | Path | None = None,
+                     by: str | None = None, charts: bool = True, json_path: str | Path | None = None,
+                     ingest_options: dict[str, Any] | None = None) -> ValidationOutput:
+    """Compute the validation and write markdown (+ PNG charts in ``<stem>_files/``, + JSON), atomically.
+
+    Every output is checked before anything is computed or written: none may be one of the inputs."""
+    from replay.atomic import atomic_dir, write_json_atomic, write_text_atomic
+    from reports.report import charts_dir_for, check_report_outputs, run_files
+    from reports.validate_charts import validation_charts
+    from reports.validate_render import render_validation
+
+    outdir, markdown = Path(outdir), Path(markdown)
+    run = open_run(outdir)
+    run.con.close()
+    inputs = run_files(outdir) + [run.trace_path, measured]
+    check_report_outputs(markdown, json_path, charts, inputs, [outdir, run.trace_path, measured])
+    v = compute_validation(outdir, measured=measured, by=by, ingest_options=ingest_options)
+    paths: dict[str, Path] = {}
+    rel: dict[str, str] = {}
+    if charts and v.samples:
+        final_dir = charts_dir_for(markdown)
+        with atomic_dir(final_dir, inputs=[outdir, run.trace_path, measured], kind="validate charts") as tmp:
+            made = validation_charts(tmp, v)
+        paths = {k: final_dir / p.name for k, p in made.items()}
+        rel = {k: f"{final_dir.name}/{p.name}" for k, p in made.items()}
+    write_text_atomic(markdown, render_validation(v, rel) + "\n", inputs)
+    if json_path is not None:
+        write_json_atomic(json_path, v.to_json(), inputs)
+    return ValidationOutput(markdown=markdown, charts=paths, validation=v)
+
+
+def label_groups(outdir: str | Path, by: str) -> list[dict[str, Any]]:
+    """The run's headline metrics per value of the trace label ``by`` (``replay report --by``)."""
+    run = open_run(outdir)
+    try:
+        if run.trace_path is None:
+            raise ReplayError(f"--by {by}: the run's trace is not found, so its labels are unknown")
+        source = pq.read_table(run.trace_path)
+        table = _measured_table(source, by, str(run.trace_path), need_measurements=False)
+        run.con.register("labels", table.select(["request_id", "grp"]))
+        return _records(run.con.execute(sql("validate_labels")))
+    finally:
+        run.con.close()
+
+
+def validation_appendix(outdir: str | Path, by: str | None = None) -> str:
+    """``replay report``'s extra sections: metrics per label (``by``) and, when the trace carries
+    measured columns, predictions against them ("" when neither applies). Tables only; ``replay
+    validate`` draws the charts."""
+    from reports.validate_render import labels_section, validation_section
+
+    out: list[str] = []
+    if by is not None:
+        out += ["", *labels_section(by, label_groups(outdir, by))]
+    if has_measurements(outdir):
+        try:
+            v = compute_validation(outdir, by=by)
+        except ReplayError as exc:  # e.g. no request matched: say so rather than fail the whole report
+            return "\n".join(out + ["", "## Predicted vs measured", "", f"Not computed: {exc}", ""])
+        out += ["", *validation_section(v, {}), "Charts: `replay validate " + str(outdir) + "`.", ""]
+    return "\n".join(out)

@@ -1,0 +1,96 @@
+"""Markdown for ``replay validate`` (and its section in ``replay report``): formats only."""
+
+from __future__ import annotations
+
+from reports.fmt import md_table, num
+from reports.validate import METRICS, NO_GROUP, Validation
+
+ERROR_NOTE = ("Error = predicted - measured, per finished request matched by request_id. MAPE = mean of "
+              "|error| / measured over requests with a positive measurement; bias = mean error (positive: the "
+              "replay predicts slower / more cache hits than measured); |error| p50/p90 exact (linear "
+              "interpolation). Predicted cached tokens = GPU prefix hits + host (G2) hits at first admission.")
+
+
+def _unit(metric: str) -> str:
+    return "count" if metric == "cached_tokens" else "ms"
+
+
+def summary_table(v: Validation) -> str:
+    grouped = v.by is not None
+    header = (["metric"] + ([v.by] if grouped else []) +
+              ["requests", "measured mean", "predicted mean", "MAPE", "bias", "abs error p50", "abs error p90"])
+    rows = []
+    for s in v.summary:
+        label, unit = METRICS[s["metric"]]
+        u = _unit(s["metric"])
+        rows.append([f"{label} ({unit})"] + ([str(s["grp"])] if grouped else []) +
+                    [num(s["requests"], "count"), num(s["measured_mean"], u), num(s["predicted_mean"], u),
+                     "—" if s["mape_pct"] is None else f"{s['mape_pct']:.1f}%", num(s["bias"], u),
+                     num(s["abs_error_p50"], u), num(s["abs_error_p90"], u)])
+    return md_table(header, rows, "l" + ("l" if grouped else "") + "r" * 7)
+
+
+def conditions_lines(v: Validation) -> list[str]:
+    out = []
+    if v.differences:
+        out.append("**The replay was not run like the log.** These differences make the errors below partly "
+                   "a comparison of different conditions, not only of the model:")
+        out += [""] + [f"- {d}" for d in v.differences]
+    else:
+        out.append("No difference found between the replay and the recorded settings of the log.")
+    if v.unrecorded:
+        out += ["", "Not recorded in the log, so not checked: " + "; ".join(v.unrecorded) + "."]
+    return out
+
+
+def worst_table(v: Validation) -> str:
+    grouped = v.by is not None
+    header = ["metric", "request"] + ([v.by] if grouped else []) + ["measured", "predicted", "error", "error %"]
+    rows = [[METRICS[w["metric"]][0], f"`{w['request_id']}`"] + ([str(w["grp"])] if grouped else []) +
+            [num(w["measured"], _unit(w["metric"])), num(w["predicted"], _unit(w["metric"])),
+             num(w["error"], _unit(w["metric"])), "—" if w["ape"] is None else f"{w['ape']:.1%}"]
+            for w in v.worst]
+    return md_table(header, rows, "ll" + ("l" if grouped else "") + "rrrr")
+
+
+def coverage_line(v: Validation) -> str:
+    c = v.coverage
+    text = (f"{num(c['matched'], 'count')} finished requests of {num(c['replayed'], 'count')} replayed matched a "
+            f"measurement ({num(c['measured_rows'], 'count')} measured rows in `{v.measured_source}`")
+    if c["unmatched_measured"]:
+        text += f"; {num(c['unmatched_measured'], 'count')} match no replayed request"
+    return text + ")."
+
+
+def validation_section(v: Validation, charts: dict[str, str], level: str = "##") -> list[str]:
+    """The validation as markdown lines; ``charts`` maps chart name -> relative path."""
+    out = [f"{level} Predicted vs measured", "", coverage_line(v), "", *conditions_lines(v), "",
+           summary_table(v), "", ERROR_NOTE, ""]
+    for name, alt in (("scatter", "Predicted vs measured per request"), ("error_cdf", "Relative error CDF")):
+        if name in charts:
+            out += [f"![{alt}]({charts[name]})", ""]
+    if v.worst:
+        out += [f"{level}# Worst requests", "", worst_table(v), ""]
+    return out
+
+
+def render_validation(v: Validation, charts: dict[str, str]) -> str:
+    title = f"# Validation: `{v.outdir}` against `{v.measured_source}`"
+    if v.by is not None and v.by != NO_GROUP:
+        title += f" (by {v.by})"
+    return "\n".join([title, ""] + validation_section(v, charts))
+
+
+def labels_section(by: str, groups: list[dict]) -> list[str]:
+    """``replay report --by LABEL``: requests, latency percentiles and prefix hits per label value."""
+    rows = []
+    for g in groups:
+        q = {k: (g[k] or [None, None, None]) for k in ("ttft_q", "tpot_q", "e2e_q")}
+        rows.append([str(g["grp"]), num(g["requests"], "count"), num(g["finished"], "count"),
+                     *(num(v, "ms") for v in q["ttft_q"]), num(q["tpot_q"][0], "ms"), num(q["tpot_q"][2], "ms"),
+                     num(q["e2e_q"][0], "ms"), num(q["e2e_q"][2], "ms"), num(g["hit_ratio"], "ratio")])
+    header = [by, "requests", "finished", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p99",
+              "E2E p50", "E2E p99", "prefix hit"]
+    return [f"## By {by}", "", md_table(header, rows, "l" + "r" * 10), "",
+            "Latencies in ms over finished requests; prefix hit = (GPU + host hits) / prompt tokens of admitted "
+            "requests. Requests without the label are grouped as `(none)`.", ""]

@@ -1,0 +1,66 @@
+"""``replay export``: a replay in vllm bench and aiperf result shapes, read back by our own readers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ingest import load_trace
+from replay.api import run
+from replay.cli import app
+from replay.errors import ReplayError
+from reports.export import export
+
+SAMPLE = Path(__file__).parent.parent / "sample_traces" / "mooncake_sessions.jsonl"
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory) -> Path:
+    """120 requests on a pool too small for the longest prompts: some are rejected (--on-error skip)."""
+    out = tmp_path_factory.mktemp("exp") / "out"
+    run(SAMPLE, overrides=["load.max_requests=120", "max_model_len=4096"], outdir=out, on_error="skip")
+    return out
+
+
+def test_vllm_bench_shape(small_run: Path, tmp_path: Path) -> None:
+    doc = json.loads(export(small_run, "vllm-bench", tmp_path / "r.json").read_text())
+    n = doc["num_prompts"]
+    assert n == 120 and doc["completed"] + doc["failed"] == n
+    for key in ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "errors", "request_ids"):
+        assert len(doc[key]) == n, key
+    ok = [i for i, e in enumerate(doc["errors"]) if not e]
+    bad = [i for i, e in enumerate(doc["errors"]) if e]
+    assert bad and all(doc["output_lens"][i] == 0 and doc["itls"][i] == [] for i in bad)
+    i = ok[0]
+    assert len(doc["itls"][i]) <= doc["output_lens"][i] - 1  # one gap per chunk after the first
+    assert doc["latencies"][i] == pytest.approx(doc["ttfts"][i] + sum(doc["itls"][i]))
+    assert doc["mean_ttft_ms"] == pytest.approx(1000 * sum(doc["ttfts"][j] for j in ok) / len(ok))
+    t, meta = load_trace(tmp_path / "r.json", drop_failed=True)  # detected as vllm-bench
+    assert meta.source_format == "vllm-bench" and t.num_rows == len(ok)
+
+
+def test_aiperf_shape(small_run: Path, tmp_path: Path) -> None:
+    lines = export(small_run, "aiperf", tmp_path / "p.jsonl").read_text().splitlines()
+    recs = [json.loads(x) for x in lines]
+    assert len(recs) == 120
+    failed = [r for r in recs if r["error"] is not None]
+    assert failed and all("error_isl" in r["metrics"] for r in failed)
+    good = next(r for r in recs if r["error"] is None)
+    m = good["metrics"]
+    assert m["time_to_first_token"]["unit"] == "ms" and isinstance(m["inter_chunk_latency"]["value"], list)
+    assert good["metadata"]["request_end_ns"] > good["metadata"]["request_start_ns"]
+    t, _ = load_trace(tmp_path / "p.jsonl", drop_failed=True)
+    assert t.num_rows == 120 - len(failed)
+
+
+def test_export_is_deterministic_and_refuses_run_files(small_run: Path, tmp_path: Path) -> None:
+    a = export(small_run, "vllm-bench", tmp_path / "a.json").read_bytes()
+    b = export(small_run, "vllm-bench", tmp_path / "b.json").read_bytes()
+    assert a == b
+    with pytest.raises(ReplayError, match="the output is the input"):
+        export(small_run, "aiperf", small_run / "requests.parquet")
+    res = CliRunner().invoke(app, ["export", str(small_run), "-f", "csv", "-o", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "unknown export format" in res.output
