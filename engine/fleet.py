@@ -64,18 +64,72 @@ class FleetLoop:
         self._open_order = plan.open_order.tolist()
         self._open_ptr = 0
         self._predict = self._prediction_mode()
-        # Closed-loop turns waiting on a request in flight: _parents[target][holder] is a heap of
+        # Closed-loop turns waiting on a request in flight: _parents[target][holder] lists
         # (delay, seq, parent) for parents on replica ``holder`` whose next turn, or a turn after it,
-        # will be routed to ``target`` (-1: not known before routing). Concurrency mode releases the next
+        # will be routed to ``target`` (-1: not known before routing). A turn's release time is
+        # bounded below by its parent's earliest finish (_earliest_finish) plus its delay. Concurrency mode releases the next
         # request at any finish, with no delay, to any replica.
         self._parents: dict[int, dict[int, list[tuple[float, int, Request]]]] = {}  # (delay, seq, parent)
+        timer = cores[0].timer
+        self._min_step_ms = timer.min_step_ms() if hasattr(timer, "min_step_ms") else 0.0
+        self._tokens_per_step = 1 + cores[0].spec_k
+        self._max_model_len = cores[0].sched.limits.max_model_len
         self._chain_targets = None
         if self._predict == "static" and plan.dependents:
             self._chain_targets = self._targets_of_chains(plan.dependents, router)
+        # Parents not routed yet (trace-timed rows whose later turns are closed-loop): per target,
+        # their positions in the open order and the suffix minimum of their earliest release.
+        self._future: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        if plan.dependents and self._predict in ("offset", "static"):
+            self._future = self._future_releases()
         self._own_positions: list[np.ndarray] = []
         if self._predict == "static":
             targets = router.static_targets(plan.open_order)
             self._own_positions = [np.flatnonzero(targets == r) for r in range(len(cores))]
+
+    def _future_releases(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """A parent arriving at t cannot finish before t + latency + one step per batch of its
+        output tokens; its turn is released a delay later. Keyed by the turn chain's targets
+        (-1 when the router cannot tell), without the parent's own replica (static routers)."""
+        plan = self.plan
+        trace = self.trace
+        per_target: dict[int, dict[int, float]] = {}
+        chains = self._chain_targets
+        owners = (self.router.static_targets(np.asarray(self._open_order, dtype=np.int64)).tolist()
+                  if chains is not None else None)
+        for pos, row in enumerate(self._open_order):
+            deps = plan.dependents.get(row)
+            if not deps:
+                continue
+            out = int(trace.output_tokens[row])
+            base = (self._open_times[pos] + self.latency
+                    + -(-out // self._tokens_per_step) * self._min_step_ms)
+            own = owners[pos] if owners is not None else None
+            for dep, delay in deps:
+                for target in (chains[dep] if chains is not None else (-1,)):
+                    if target == own:
+                        continue
+                    slot = per_target.setdefault(target, {})
+                    value = base + delay
+                    if value < slot.get(pos, math.inf):
+                        slot[pos] = value
+        future = {}
+        for target, slot in per_target.items():
+            positions = np.array(sorted(slot), dtype=np.int64)
+            values = np.array([slot[p] for p in positions.tolist()], dtype=np.float64)
+            future[target] = (positions, np.minimum.accumulate(values[::-1])[::-1])
+        return future
+
+    def _future_bound(self, core: EngineCore) -> float:
+        t = math.inf
+        for target in (core.replica, -1):
+            entry = self._future.get(target)
+            if entry is not None:
+                positions, suffix_min = entry
+                k = int(np.searchsorted(positions, self._open_ptr))
+                if k < len(positions) and suffix_min[k] < t:
+                    t = float(suffix_min[k])
+        return t
 
     @staticmethod
     def _targets_of_chains(dependents: dict[int, list[tuple[int, float]]], router: Router) -> dict[int, tuple]:
@@ -135,8 +189,7 @@ class FleetLoop:
                 for target in (chains[dep] if chains is not None else (-1,)):
                     if target != rid:  # only another replica's finish can cut a window (see _release_bound)
                         self._seq += 1
-                        heapq.heappush(self._parents.setdefault(target, {}).setdefault(rid, []),
-                                       (delay, self._seq, req))
+                        self._parents.setdefault(target, {}).setdefault(rid, []).append((delay, self._seq, req))
         core = self.cores[rid]
         self._seq += 1
         ready = time_ms + self.latency
@@ -190,36 +243,56 @@ class FleetLoop:
             t = self._dynamic[0][0]
         return t
 
+    def _earliest_finish(self, holder: EngineCore, r: Request) -> float:
+        """No sooner than ``holder``'s next event plus one step per remaining batch of tokens
+        after the first (a step emits at most 1 + k tokens and lasts at least min_step_ms)."""
+        left = r.max_tokens - r.num_output_tokens
+        to_len = self._max_model_len - r.num_prompt_tokens - r.num_output_tokens
+        if to_len < left:
+            left = to_len
+        steps = -(-left // self._tokens_per_step) - 1
+        return holder.wake_ms + (steps * self._min_step_ms if steps > 0 else 0.0)
+
     def _release_bound(self, core: EngineCore) -> float:
         """Earliest instant a closed-loop arrival for ``core`` could appear because another replica
-        finished a request: that replica's next event plus the turn's delay, over the requests in
-        flight whose next turn, or a turn after it, may come here. A finish on ``core`` itself
-        happens at a step it takes outside any window, and the turn it releases is then a known
-        arrival, which bounds the next window."""
+        finished a request: when that request can finish at the soonest, plus the turn's delay,
+        over the requests in flight whose next turn, or a turn after it, may come here. A finish
+        on ``core`` itself happens at a step it takes outside any window, and the turn it releases
+        is then a known arrival, which bounds the next window."""
         if self._predict == "single":
             return math.inf
         cores = self.cores
-        if self.plan.concurrency:  # any finish anywhere releases a request at once
-            t = math.inf
-            for other in cores:
-                if other is not core and other.wake_ms < t:
-                    t = other.wake_ms
-            return t
+        earliest = self._earliest_finish
         t = math.inf
+        if self.plan.concurrency:  # any finish anywhere releases the next request at once
+            for other in cores:
+                if other is core or other.wake_ms >= t:
+                    continue
+                reqs = list(other.sched.running) + list(other.sched.waiting) + [e[3] for e in other.inbox]
+                for r in reqs:
+                    f = earliest(other, r)
+                    if f < t:
+                        t = f
+            return t
+        if self._future:
+            t = self._future_bound(core)
         finished = RequestStatus.FINISHED
         for target in (core.replica, -1):
             by_holder = self._parents.get(target)
             if not by_holder:
                 continue
-            for holder, heap in by_holder.items():
-                if holder == core.replica:
+            for holder, entries in by_holder.items():
+                if holder == core.replica or not entries:
                     continue
-                while heap and heap[0][2].status == finished:
-                    heapq.heappop(heap)  # released already: the turn is a known arrival now
-                if heap:
-                    bound = cores[holder].wake_ms + heap[0][0]
-                    if bound < t:
-                        t = bound
+                other = cores[holder]
+                if other.wake_ms >= t:
+                    continue
+                if any(r.status == finished for _, _, r in entries):  # released: known arrivals now
+                    entries[:] = [e for e in entries if e[2].status != finished]
+                for delay, _, r in entries:
+                    f = earliest(other, r) + delay
+                    if f < t:
+                        t = f
         return t
 
     def _horizon(self, core: EngineCore) -> float:

@@ -17,9 +17,9 @@ checks the two agree.
 
 from __future__ import annotations
 
-import numpy as np
-
 from dataclasses import dataclass, fields
+
+import numpy as np
 
 from engine.hardware import HardwareProfile
 from engine.models import ModelSpec
@@ -196,6 +196,12 @@ class RooflineTimer:
             t += self._drafter_ms(num_prefill_reqs, T, prefill_attn_work, prefill_ctx_tokens,
                                   num_decode_reqs, decode_ctx_tokens, num_spec_passes)
         return t + self.host_overhead_ms
+
+    def min_step_ms(self) -> float:
+        """A lower bound on any step's duration: one token, no attention context (every term of
+        ``step_ms`` is non-decreasing in tokens, rows and context). The fleet uses it to bound how
+        soon a request can finish (engine/fleet.py)."""
+        return self.step_ms(1, 1, 0, 0, 0, 0, 0, 0)
 
     def decode_steps_ms(self, nrun: int, ctx0: int, count: int) -> np.ndarray:
         """``step_ms`` of ``count`` decode-only steps of ``nrun`` requests (one token each, no
