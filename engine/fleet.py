@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import insort
 from collections.abc import Callable
 
 import numpy as np
@@ -30,7 +31,7 @@ from engine.arrivals import ArrivalPlan
 from engine.block_keys import BlockKeys
 from engine.core import DYNAMIC, OPEN, EngineCore
 from engine.recorder import Recorder
-from engine.request import Request, RequestStatus
+from engine.request import Request
 from engine.routers.base import Router
 from engine.trace_input import TraceArrays
 
@@ -70,6 +71,7 @@ class FleetLoop:
         # bounded below by its parent's earliest finish (_earliest_finish) plus its delay. Concurrency mode releases the next
         # request at any finish, with no delay, to any replica.
         self._parents: dict[int, dict[int, list[tuple[float, int, Request]]]] = {}  # (delay, seq, parent)
+        self._parent_slots: dict[int, list[list]] = {}  # parent row -> the lists holding its entries
         timer = cores[0].timer
         self._min_step_ms = timer.min_step_ms() if hasattr(timer, "min_step_ms") else 0.0
         self._tokens_per_step = 1 + cores[0].spec_k
@@ -189,7 +191,9 @@ class FleetLoop:
                 for target in (chains[dep] if chains is not None else (-1,)):
                     if target != rid:  # only another replica's finish can cut a window (see _release_bound)
                         self._seq += 1
-                        self._parents.setdefault(target, {}).setdefault(rid, []).append((delay, self._seq, req))
+                        entries = self._parents.setdefault(target, {}).setdefault(rid, [])
+                        insort(entries, (delay, self._seq, req))  # sorted by delay: scans stop early
+                        self._parent_slots.setdefault(idx, []).append(entries)
         core = self.cores[rid]
         self._seq += 1
         ready = time_ms + self.latency
@@ -217,6 +221,10 @@ class FleetLoop:
     def _on_finished(self, r: Request, end_ms: float, core: EngineCore) -> None:
         if self.router is not None and self._predict != "single":
             self.router.request_finished(r, core.replica)
+        slots = self._parent_slots.pop(r.idx, None)
+        if slots:  # its turns are known arrivals from now on
+            for entries in slots:
+                entries[:] = [e for e in entries if e[2] is not r]
         self._request_done(r.idx, end_ms)
 
     # -- what bounds a replica -----------------------------------------------------------------------
@@ -276,7 +284,6 @@ class FleetLoop:
             return t
         if self._future:
             t = self._future_bound(core)
-        finished = RequestStatus.FINISHED
         for target in (core.replica, -1):
             by_holder = self._parents.get(target)
             if not by_holder:
@@ -285,11 +292,10 @@ class FleetLoop:
                 if holder == core.replica or not entries:
                     continue
                 other = cores[holder]
-                if other.wake_ms >= t:
-                    continue
-                if any(r.status == finished for _, _, r in entries):  # released: known arrivals now
-                    entries[:] = [e for e in entries if e[2].status != finished]
-                for delay, _, r in entries:
+                wake = other.wake_ms
+                for delay, _, r in entries:  # by increasing delay
+                    if wake + delay >= t:
+                        break
                     f = earliest(other, r) + delay
                     if f < t:
                         t = f
