@@ -21,6 +21,7 @@ from replay.sweep.grid import Axis, Point, describe, point_config
 from replay.sweep.job import Job
 from replay.sweep.slo import SweepSlo
 from replay.sweep.store import (
+    RESULTS_DIR,
     RUNS_DIR,
     SWEEP_FILE,
     TABLE_FILE,
@@ -118,6 +119,18 @@ class SweepSession:
             self.executor = make_executor(self.options.ray, self.trace_path, self.slo, self.options.workers)
         return self.executor
 
+    def parallelism(self) -> int:
+        """How many configs can run at once (pool processes or the Ray cluster's CPUs)."""
+        return self._executor().workers
+
+    def where(self, result: PointResult) -> str | None:
+        """Where a result lives, relative to SWEEPDIR: its run outdir, or its record (--summary-only)."""
+        if result.key is None:
+            return None
+        if self.options.summary_only or result.error is not None:
+            return f"{RESULTS_DIR}/{result.key}.json"
+        return f"{RUNS_DIR}/{result.key}"
+
     def close(self) -> None:
         if self.executor is not None:
             self.executor.close()
@@ -172,10 +185,9 @@ class SweepSession:
     def table_rows(self, results: list[PointResult]) -> list[dict[str, Any]]:
         rows = []
         for res in results:
-            has_dir = res.key is not None and res.error is None and not self.options.summary_only
             rows.append({"labels": {k: v.label for k, v in res.point}, "metrics": res.metrics,
                          "config_hash": config_hash(res.config) if res.config else None, "error": res.error,
-                         "outdir": f"{RUNS_DIR}/{res.key}" if has_dir else None})
+                         "outdir": self.where(res) if res.error is None else None})
         return rows
 
     def write_table(self, axes: list[Axis], results: list[PointResult]) -> Path:
