@@ -29,6 +29,7 @@ TRACE_FILE = "trace.parquet"
 RESULTS_DIR = "results"
 RUNS_DIR = "runs"
 KEY_LEN = 20  # hex digits: 80 bits, no collision in any sweep a person runs
+CONFIG_HASH_LEN = 16  # hex digits of the config hash shown in tables and the `config` column
 
 
 def canonical_json(obj: Any) -> str:
@@ -38,7 +39,7 @@ def canonical_json(obj: Any) -> str:
 def config_hash(config: dict[str, Any]) -> str:
     """Hash of a full validated config as dumped (``EngineConfig.model_dump(mode="json")``, defaults
     filled in), so equal configs hash equal however they were written."""
-    return hashlib.sha256(canonical_json(config).encode()).hexdigest()
+    return hashlib.sha256(canonical_json(config).encode()).hexdigest()[:CONFIG_HASH_LEN]
 
 
 def result_key(trace_fingerprint: str, cfg_hash: str, tool_version: str = __version__) -> str:
