@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from engine.config import EngineConfig, validate_config
+from engine.config import EngineConfig, apply_overrides, validate_config
 from replay.errors import ConfigError
 
 _RANGE = re.compile(r"^\s*(-?\d+)\s*\.\.\s*(-?\d+)\s*(?::\s*(\d+))?\s*$")
@@ -167,7 +167,8 @@ def point_config(base: dict, point: Point, source: str) -> EngineConfig:
             _deep_merge(data, key, value.raw)
         else:
             overrides.append(f"{key}={value.raw}")
-    return validate_config(data, f"{source} at {describe(point)}", overrides or None)
+    apply_overrides(data, overrides)
+    return validate_config(data, f"{source} at {describe(point)}")
 
 
 def describe(point: Point) -> str:

@@ -59,7 +59,9 @@ def run_job(job: Job, trace: WorkerTrace) -> dict[str, Any]:
                      config_source=job.config_source, on_error=job.on_error, overwrite=True)
         record["metrics"] = summarize(outdir, job.config, trace.slo)
     except ReplayError as exc:
-        record["error"] = str(exc)
+        # Errors name the trace; it is the sweep's own, and its path would make the table depend on
+        # where SWEEPDIR is: say "trace" instead.
+        record["error"] = str(exc).replace(f"{trace.path}: ", "trace: ", 1)
     except Exception as exc:  # an engine bug must not stop the other configs; the record says what it was
         record["error"] = f"{type(exc).__name__}: {exc}"
     finally:
