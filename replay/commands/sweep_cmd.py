@@ -11,7 +11,7 @@ from replay.commands._common import console, user_errors
 from replay.errors import ReplayError
 
 GRID_HELP = ("A config key and its values: key=v1,v2 (YAML scalars), key=LOW..HIGH[:STEP], or key=a.yaml,b.yaml "
-             "(each file's mapping merged at the key). Repeat for a cartesian product.")
+             "(each file's mapping becomes the key's value). Repeat for a cartesian product.")
 RAY_HELP = "Run on Ray: 'auto' starts a local Ray instance, an address (host:port or ray://...) joins a cluster."
 
 

@@ -2,14 +2,15 @@
 
 Every value is applied to the base config through the same path as ``--set`` (engine.config
 apply_overrides), so any config key can be swept, including keys added after this module was written.
-A value naming a YAML file (``*.yaml``/``*.yml``) is that file's mapping, deep-merged at the key
-(``--grid speculative=mtp1.yaml,mtp2.yaml``).
+A value naming a YAML file (``*.yaml``/``*.yml``) is that file's mapping, which becomes the key's
+value (``--grid speculative=mtp1.yaml,mtp2.yaml``), as ``--set speculative={...}`` would.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,42 +133,12 @@ def product(axes: list[Axis]) -> list[Point]:
     return points
 
 
-def _deep_merge(node: dict, key: str, mapping: dict) -> None:
-    parts = key.split(".")
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"--grid {key}: {part!r} is not a section")
-        node = child
-    target = node.get(parts[-1])
-    if isinstance(target, dict):
-        merged = copy.deepcopy(target)
-        _merge_into(merged, mapping)
-        node[parts[-1]] = merged
-    else:
-        node[parts[-1]] = copy.deepcopy(mapping)
-
-
-def _merge_into(dst: dict, src: dict) -> None:
-    for k, v in src.items():
-        if isinstance(v, dict) and isinstance(dst.get(k), dict):
-            _merge_into(dst[k], v)
-        else:
-            dst[k] = copy.deepcopy(v)
-
-
 def point_config(base: dict, point: Point, source: str) -> EngineConfig:
     """The validated config of one grid point (raises ConfigError naming the point on a bad combination)."""
     data = copy.deepcopy(base)
-    overrides = []
-    for key, value in point:
-        if isinstance(value.raw, dict):
-            _deep_merge(data, key, value.raw)
-        else:
-            overrides.append(f"{key}={value.raw}")
-    apply_overrides(data, overrides)
+    # A YAML file's mapping goes in as a flow mapping (JSON is YAML), replacing the key's value as
+    # `--set key={...}` would.
+    apply_overrides(data, [f"{key}={json.dumps(v.raw) if isinstance(v.raw, dict) else v.raw}" for key, v in point])
     return validate_config(data, f"{source} at {describe(point)}")
 
 
