@@ -151,7 +151,7 @@ def render(sweep: Sweep, rows: list[dict[str, Any]], best, plan_rows, charts: di
            f"- Trace: `{info['trace']['path']}` (fingerprint `{info['trace']['fingerprint'][:16]}`)",
            f"- Base config: `{info.get('base_config_source')}`; varied: "
            + (", ".join(f"`{a}`" for a in axes) or "nothing"),
-           *([f"- Set by the grid to one value: " + ", ".join(f"`{a}={rows[0][a]}`" for a in fixed)]
+           *(["- Set by the grid to one value: " + ", ".join(f"`{a}={rows[0][a]}`" for a in fixed)]
              if fixed and rows else []),
            f"- SLO: {info.get('slo') or 'none'}",
            f"- {len(rows)} configs, {len(failed)} failed; GPUs = replicas x tensor_parallel_size", ""]

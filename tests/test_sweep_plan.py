@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from replay.api import run as direct_run
 from replay.cli import app
 from replay.errors import TraceError
-from replay.sweep.grid import Value, parse_axis
+from replay.sweep.grid import parse_axis
 from replay.sweep.plan import answer_rows, plan
 from replay.sweep.runner import PointResult
 from replay.sweep.slo import parse_sweep_slo

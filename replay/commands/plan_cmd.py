@@ -69,7 +69,7 @@ def plan(
         rows = answer_rows(outcome, session)
         paths = write_plan(session, others + [vary_axis], outcome, rows)
     if not quiet:
-        _print(rows, vary_axis.key, session, paths)
+        _print(rows, vary_axis.key, [a.key for a in others], session, paths)
 
 
 def _check_numeric(axis) -> None:
@@ -78,22 +78,24 @@ def _check_numeric(axis) -> None:
         raise ReplayError(f"--vary {axis.key}: the values must be numbers (e.g. 1..64 or 1,2,4,8)")
 
 
-def _print(rows, key: str, session, paths) -> None:
+def _print(rows, key: str, others: list[str], session, paths) -> None:
     table = Table(title=f"plan: {session.slo.text()}", title_justify="left")
-    cols = [c for c in rows[0] if not c.startswith("deciding") and c != "violations"] if rows else []
-    for col in cols:
-        table.add_column(col, justify="right")
+    for col in [*others, key, "gpus", "runs", "monotone"]:
+        table.add_column(col.rsplit(".", 1)[-1], justify="right")
     for row in rows:
-        table.add_row(*("-" if row[c] is None else f"{row[c]:,.4g}" if isinstance(row[c], float) else str(row[c])
-                        for c in cols))
+        answer = str(row[key]) if row["feasible"] else "none in range"
+        table.add_row(*(str(row[c]) for c in others), answer, str(row["gpus"] or "-"), str(row["runs"]),
+                      "yes" if row["monotone"] else "[yellow]no[/]")
     console.print(table)
     for row in rows:
+        where = ", ".join(f"{c}={row[c]}" for c in others)
+        prefix = f"{where}: " if where else ""
         if row["deciding_pass"]:
-            console.print(f"{key}={row[key]}: passes in {row['deciding_pass']}"
-                          + (f"; {key}={row['deciding_fail_value']} fails in {row['deciding_fail']}"
-                             if row["deciding_fail"] else " (the smallest candidate)"), highlight=False)
+            console.print(f"{prefix}{key}={row[key]} passes ({row['deciding_pass']})"
+                          + (f", {key}={row['deciding_fail_value']} fails ({row['deciding_fail']})"
+                             if row["deciding_fail"] else ", the smallest candidate"), highlight=False)
         if row["violations"]:
-            console.print(f"[yellow]warning: not monotone[/]: {row['violations']}", highlight=False)
+            console.print(f"[yellow]warning: not monotone[/] {prefix}{row['violations']}", highlight=False)
     console.print(f"answers -> [bold]{paths[0]}[/], every run -> [bold]{paths[1]}[/]")
 
 

@@ -32,11 +32,12 @@ class SweepSlo:
         return not self.constraints and self.goodput is None
 
     def text(self) -> str:
-        parts = [f"{k}<={v:g}" for k, v in self.constraints.items()]
+        """``ttft_p99<=2000, tpot_p99<=50 (goodput: ttft<=2000, tpot<=50 per request)``."""
+        parts = ", ".join(f"{k}<={v:g}" for k, v in self.constraints.items())
         if self.goodput is not None:
-            parts += [f"{k}<={v:g} per request" for k, v in self.goodput.as_dict().items()
-                      if f"{k}" not in {c.split('_')[0] for c in self.constraints}]
-        return ", ".join(parts)
+            per_request = ", ".join(f"{k}<={v:g}" for k, v in self.goodput.as_dict().items())
+            parts = (parts + " " if parts else "") + f"(goodput: {per_request} per request)"
+        return parts
 
     def met(self, row: dict) -> bool | None:
         """True/False from a summary row; None when there are no constraints."""
