@@ -198,3 +198,36 @@ def test_a_sweep_dir_of_another_trace_is_refused(swept, tmp_path):
     other.write_text("\n".join(SAMPLE.read_text().splitlines()[:30]) + "\n")
     with pytest.raises(ReplayError, match="another trace"):
         SweepSession.open(other, None, swept, parse_sweep_slo(None), SweepOptions(workers=1))
+
+
+def test_a_killed_sweep_resumes_without_leftovers(tmp_path):
+    """SIGKILL the whole sweep (driver and pool workers) mid-way: no sweep.parquet, and the rerun
+    cleans the dead workers' temp directories, keeps the finished configs and runs the rest."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "killed"
+    grid = ["--grid", "load.max_requests=60", "--grid", "scheduler.max_num_seqs=2,4,8,16"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "replay.cli", "sweep", str(SAMPLE), *grid, "-o", str(out),
+                             "-q", "-j", "2"], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (out / "results").is_dir() and any((out / "results").glob("*.json")):
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = len(list((out / "results").glob("*.json")))
+    assert 1 <= done_before < 4 and not (out / "sweep.parquet").exists()
+    session = SweepSession.open(SAMPLE, None, out, parse_sweep_slo(None), SweepOptions(workers=1))
+    assert not [p for p in out.rglob("*") if p.name.endswith((".tmp", ".old"))]  # dead writers' leftovers gone
+    axes = parse_axes(["load.max_requests=60", "scheduler.max_num_seqs=2,4,8,16"])
+    results = session.run_points(product(axes))
+    assert session.counts["reused"] == done_before and session.counts["ran"] == 4 - done_before
+    assert all(r.error is None for r in results)
+    assert len({r.key for r in results}) == 4 and all(r.metrics["completed"] == 60 for r in results)

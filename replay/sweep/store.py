@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,8 @@ TRACE_FILE = "trace.parquet"
 RESULTS_DIR = "results"
 RUNS_DIR = "runs"
 KEY_LEN = 20  # hex digits: 80 bits, no collision in any sweep a person runs
+# replay.atomic names its temp paths ".<final name>.<random>.tmp" (and ".old" while swapping a directory)
+_LEFTOVER = re.compile(rf"^\.[0-9a-f]{{{KEY_LEN}}}(\.json)?\..+\.(tmp|old)$")
 CONFIG_HASH_LEN = 16  # hex digits of the config hash shown in tables and the `config` column
 
 
@@ -70,7 +74,20 @@ class ResultStore:
                                   "choose a new -o")
         (root / RESULTS_DIR).mkdir(parents=True, exist_ok=True)
         (root / RUNS_DIR).mkdir(exist_ok=True)
-        return cls(root)
+        store = cls(root)
+        store.remove_leftovers()
+        return store
+
+    def remove_leftovers(self) -> None:
+        """Remove the temp files and directories of writes that never finished (a worker killed mid-run):
+        only names our atomic writers make (``.<key>.<random>.tmp``/``.old`` beside a run or record)."""
+        for folder in (self.root / RESULTS_DIR, self.root / RUNS_DIR):
+            for path in folder.iterdir():
+                if _LEFTOVER.match(path.name):
+                    if path.is_dir():
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        path.unlink(missing_ok=True)
 
     def record_path(self, key: str) -> Path:
         return self.root / RESULTS_DIR / f"{key}.json"
