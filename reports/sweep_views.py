@@ -18,6 +18,7 @@ from reports.sqlfiles import sql
 SWEEP_FILE = "sweep.json"      # the names replay.sweep.store writes (reports does not import replay.sweep)
 TABLE_FILE = "sweep.parquet"
 PLAN_FILE = "plan.parquet"     # written by `replay plan` only
+FIRST_METRIC = "completed"     # sweep.parquet: the grid keys, then the metrics from this column on
 CROSS_RUN_VIEWS = {"requests": REQUESTS_FILE, "steps": STEPS_FILE}
 
 
@@ -34,8 +35,10 @@ class Sweep:
 
     @property
     def axes(self) -> list[str]:
-        """The grid keys, in grid order (for a plan: the other keys, then the varied one)."""
-        return list(self.info.get("axes") or [])
+        """The grid keys, in grid order (for a plan: the other keys, then the varied one): the columns
+        sweep.parquet has before its first metric, so they always match the table."""
+        names = [r[0] for r in self.con.execute("SELECT column_name FROM (DESCRIBE sweep)").fetchall()]
+        return names[:names.index(FIRST_METRIC)] if FIRST_METRIC in names else []
 
     @property
     def has_plan(self) -> bool:
@@ -58,7 +61,7 @@ def open_sweep(root: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
                           "with the same arguments to complete it)")
     con = con if con is not None else duckdb.connect()
     con.execute(f"CREATE OR REPLACE VIEW sweep AS SELECT * FROM read_parquet({_literal(str(table.resolve()))})")
-    if (root / PLAN_FILE).is_file():
+    if (root / PLAN_FILE).is_file() and info.get("command") == "plan":  # not a stale plan under a later sweep
         con.execute(f"CREATE OR REPLACE VIEW plan AS SELECT * FROM read_parquet({_literal(str((root / PLAN_FILE).resolve()))})")
     runs = con.execute("SELECT config_hash, outdir FROM sweep WHERE outdir IS NOT NULL AND error IS NULL "
                        "ORDER BY config_hash").fetchall()

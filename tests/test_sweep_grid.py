@@ -88,3 +88,12 @@ def test_sweep_slo_constraints_and_goodput_thresholds():
     assert parse_sweep_slo("ttft=500").constraints == {}
     with pytest.raises(Exception, match="ttft_p99=2000"):
         parse_sweep_slo("latency_p99=3")
+
+
+def test_the_table_starts_with_the_grid_keys_then_the_first_metric():
+    from replay.sweep.summary import METRIC_COLUMNS
+    from replay.sweep.table import sweep_schema
+    from reports.sweep_views import FIRST_METRIC
+
+    names = sweep_schema(parse_axes(["b=1,2", "a=x"])).names
+    assert names[:3] == ["b", "a", FIRST_METRIC] and next(iter(METRIC_COLUMNS)) == FIRST_METRIC

@@ -53,8 +53,7 @@ def plan(
             raise ReplayError(f"--vary {vary_axis.key} is also a --grid key")
         session = SweepSession.open(trace, config, outdir, sweep_slo,
                                     SweepOptions(ray=ray, workers=workers, summary_only=summary_only))
-        session.write_definition({"command": "plan", "vary": vary, "grid": grid, "goal": goal,
-                                  "axes": [a.key for a in others] + [vary_axis.key]})
+        session.write_definition({"command": "plan", "vary": vary, "grid": grid, "goal": goal})
         try:
             if quiet:
                 outcome = run_plan(session, vary_axis, others, goal, on_violation, NoProgress())

@@ -42,7 +42,7 @@ def sweep(
         options = SweepOptions(ray=ray, workers=workers, summary_only=summary_only, retry_failed=retry_failed,
                                on_error=on_error)
         session = SweepSession.open(trace, config, outdir, parse_sweep_slo(slo), options)
-        session.write_definition({"command": "sweep", "grid": grid, "axes": [a.key for a in axes]})
+        session.write_definition({"command": "sweep", "grid": grid})
         try:
             if quiet:
                 results = session.run_points(points, NoProgress())
