@@ -31,18 +31,9 @@ class Sweep:
     root: Path
     info: dict[str, Any]                  # sweep.json
     con: duckdb.DuckDBPyConnection
+    axes: list[str]                       # the grid keys, in grid order (plan: the other keys, then --vary)
+    has_plan: bool                        # the `plan` view exists
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def axes(self) -> list[str]:
-        """The grid keys, in grid order (for a plan: the other keys, then the varied one): the columns
-        sweep.parquet has before its first metric, so they always match the table."""
-        names = [r[0] for r in self.con.execute("SELECT column_name FROM (DESCRIBE sweep)").fetchall()]
-        return names[:names.index(FIRST_METRIC)] if FIRST_METRIC in names else []
-
-    @property
-    def has_plan(self) -> bool:
-        return bool(self.con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'plan'").fetchone()[0])
 
 
 def _literal(text: str) -> str:
@@ -61,7 +52,10 @@ def open_sweep(root: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
                           "with the same arguments to complete it)")
     con = con if con is not None else duckdb.connect()
     con.execute(f"CREATE OR REPLACE VIEW sweep AS SELECT * FROM read_parquet({_literal(str(table.resolve()))})")
-    if (root / PLAN_FILE).is_file() and info.get("command") == "plan":  # not a stale plan under a later sweep
+    names = [r[0] for r in con.execute("SELECT column_name FROM (DESCRIBE sweep)").fetchall()]
+    axes = names[:names.index(FIRST_METRIC)] if FIRST_METRIC in names else []  # always the table's own
+    has_plan = (root / PLAN_FILE).is_file() and info.get("command") == "plan"  # not a stale plan under a later sweep
+    if has_plan:
         con.execute(f"CREATE OR REPLACE VIEW plan AS SELECT * FROM read_parquet({_literal(str((root / PLAN_FILE).resolve()))})")
     runs = con.execute("SELECT config_hash, outdir FROM sweep WHERE outdir IS NOT NULL AND error IS NULL "
                        "ORDER BY config_hash").fetchall()
@@ -82,4 +76,4 @@ def open_sweep(root: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
             continue
         listed = "[" + ", ".join(_literal(p) for p in paths) + "]"
         con.execute(sql("sweep_run_view").format(name=kind, paths=listed))
-    return Sweep(root=root, info=info, con=con, notes=notes)
+    return Sweep(root=root, info=info, con=con, axes=axes, has_plan=has_plan, notes=notes)
