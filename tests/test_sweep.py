@@ -201,8 +201,9 @@ def test_a_sweep_dir_of_another_trace_is_refused(swept, tmp_path):
 
 
 def test_a_killed_sweep_resumes_without_leftovers(tmp_path):
-    """SIGKILL the whole sweep (driver and pool workers) mid-way: no sweep.parquet, and the rerun
-    cleans the dead workers' temp directories, keeps the finished configs and runs the rest."""
+    """SIGKILL the sweep's driver mid-way: its pool workers exit on their own, no sweep.parquet is
+    written, and the rerun cleans the dead writers' temp directories, keeps the finished configs and
+    runs the rest."""
     import os
     import signal
     import subprocess
@@ -220,8 +221,13 @@ def test_a_killed_sweep_resumes_without_leftovers(tmp_path):
         if (out / "results").is_dir() and any((out / "results").glob("*.json")):
             break
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
+    import psutil
+
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    _, alive = psutil.wait_procs(workers, timeout=15)
+    assert not alive, "pool workers outlived their driver"
     done_before = len(list((out / "results").glob("*.json")))
     assert 1 <= done_before < 4 and not (out / "sweep.parquet").exists()
     session = SweepSession.open(SAMPLE, None, out, parse_sweep_slo(None), SweepOptions(workers=1))

@@ -11,6 +11,8 @@ record: the driver reports how many configs are missing and a rerun redoes exact
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -43,8 +45,18 @@ def load_worker_trace(trace_path: str, slo: SweepSlo) -> WorkerTrace:
 _WORKER_TRACE: WorkerTrace | None = None
 
 
-def _init_pool_worker(trace_path: str, slo: SweepSlo) -> None:
+def _exit_with_parent(parent: int, interval_s: float = 1.0) -> None:
+    """A pool worker whose driver died (killed, not interrupted) would finish its current config for
+    nobody: it exits instead. Its temp files are removed by the next sweep in that SWEEPDIR."""
+    while True:
+        time.sleep(interval_s)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _init_pool_worker(trace_path: str, slo: SweepSlo, parent: int) -> None:
     global _WORKER_TRACE
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     _WORKER_TRACE = load_worker_trace(trace_path, slo)
 
 
@@ -66,7 +78,8 @@ class LocalExecutor:
         if self._pool is None:
             # spawn, not fork: the driver may hold Arrow/DuckDB thread pools, which fork does not copy safely.
             self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"),
-                                             initializer=_init_pool_worker, initargs=(self.trace_path, self.slo))
+                                             initializer=_init_pool_worker,
+                                             initargs=(self.trace_path, self.slo, os.getpid()))
         return self._pool
 
     def run(self, jobs: list[Job], on_record: OnRecord, on_running: OnRunning) -> list[Job]:
