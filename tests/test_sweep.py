@@ -237,3 +237,10 @@ def test_a_killed_sweep_resumes_without_leftovers(tmp_path):
     assert session.counts["reused"] == done_before and session.counts["ran"] == 4 - done_before
     assert all(r.error is None for r in results)
     assert len({r.key for r in results}) == 4 and all(r.metrics["completed"] == 60 for r in results)
+
+
+def test_set_overrides_the_base_config(tmp_path):
+    session = SweepSession.open(SAMPLE, None, tmp_path / "s", parse_sweep_slo(None), SweepOptions(workers=1),
+                                overrides=["load.max_requests=10"])
+    (res,) = session.run_points(product(parse_axes(["scheduler.max_num_seqs=8"])))
+    assert res.config["load"]["max_requests"] == 10 and res.metrics["completed"] == 10

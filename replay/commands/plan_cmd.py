@@ -16,6 +16,7 @@ from replay.errors import ReplayError
 def plan(
     trace: Path = typer.Argument(..., help="Canonical Parquet trace, or any file `replay ingest` reads."),
     config: Path | None = typer.Option(None, "--config", "-c", help="Base engine config YAML."),
+    set_: list[str] = typer.Option([], "--set", help="Override a base config key, as `replay run --set`."),
     slo: str = typer.Option(..., "--slo", help="Constraints to meet, e.g. ttft_p99=2000,tpot_p99=50 (ms)."),
     vary: str = typer.Option(..., "--vary", help="The monotone key and its candidates, e.g. fleet.replicas=1..128."),
     grid: list[str] = typer.Option([], "--grid", help="Other keys: one answer per combination. " + GRID_HELP),
@@ -52,7 +53,8 @@ def plan(
         if vary_axis.key in {a.key for a in others}:
             raise ReplayError(f"--vary {vary_axis.key} is also a --grid key")
         session = SweepSession.open(trace, config, outdir, sweep_slo,
-                                    SweepOptions(ray=ray, workers=workers, summary_only=summary_only))
+                                    SweepOptions(ray=ray, workers=workers, summary_only=summary_only),
+                                    overrides=set_)
         session.write_definition({"command": "plan", "vary": vary, "grid": grid, "goal": goal})
         try:
             if quiet:

@@ -19,6 +19,7 @@ def sweep(
     trace: Path = typer.Argument(..., help="Canonical Parquet trace, or any file `replay ingest` reads."),
     config: Path | None = typer.Option(None, "--config", "-c", help="Base engine config YAML (default: vLLM defaults)."),
     grid: list[str] = typer.Option(..., "--grid", help=GRID_HELP),
+    set_: list[str] = typer.Option([], "--set", help="Override a base config key, as `replay run --set`."),
     outdir: Path = typer.Option(..., "--output", "-o", help="Sweep directory (resumable: rerun to finish it)."),
     slo: str | None = typer.Option(None, "--slo", help="SLO, e.g. ttft_p99=2000,tpot_p99=50 (ms): sets slo_met and goodput."),
     summary_only: bool = typer.Option(False, "--summary-only", help="Keep only the summary rows, not each run's outdir."),
@@ -41,7 +42,7 @@ def sweep(
         points = product(axes)
         options = SweepOptions(ray=ray, workers=workers, summary_only=summary_only, retry_failed=retry_failed,
                                on_error=on_error)
-        session = SweepSession.open(trace, config, outdir, parse_sweep_slo(slo), options)
+        session = SweepSession.open(trace, config, outdir, parse_sweep_slo(slo), options, overrides=set_)
         session.write_definition({"command": "sweep", "grid": grid})
         try:
             if quiet:

@@ -98,14 +98,16 @@ class SweepSession:
 
     @classmethod
     def open(cls, trace: str | Path, config: str | Path | None, sweepdir: str | Path, slo: SweepSlo,
-             options: SweepOptions, *, ingest_options: dict | None = None) -> SweepSession:
-        base_cfg = load_config(config)  # the base alone must be valid: errors name the file and key
+             options: SweepOptions, *, overrides: list[str] | None = None,
+             ingest_options: dict | None = None) -> SweepSession:
+        base_cfg = load_config(config, overrides)  # the base alone must be valid: errors name the file and key
         store = ResultStore.create(sweepdir)
         table, meta = load_any_trace(trace, **(ingest_options or {}))
         fingerprint = _fingerprint(table)
         trace_path = _place_trace(Path(trace), table, meta, store.root, fingerprint)
         return cls(sweepdir=store.root, trace_path=trace_path, fingerprint=fingerprint,
-                   base=base_cfg.model_dump(mode="json"), base_source=str(config) if config else "defaults",
+                   base=base_cfg.model_dump(mode="json"),
+                   base_source=(str(config) if config else "defaults") + "".join(f" --set {o}" for o in overrides or []),
                    slo=slo, options=options, store=store)
 
     def write_definition(self, extra: dict[str, Any]) -> None:
