@@ -189,7 +189,8 @@ class SweepSession:
         for res in results:
             rows.append({"labels": {k: v.label for k, v in res.point}, "metrics": res.metrics,
                          "config_hash": config_hash(res.config) if res.config else None, "error": res.error,
-                         "outdir": self.where(res) if res.error is None else None})
+                         "outdir": None if res.error is not None or self.options.summary_only
+                         else f"{RUNS_DIR}/{res.key}"})
         return rows
 
     def write_table(self, axes: list[Axis], results: list[PointResult]) -> Path:
