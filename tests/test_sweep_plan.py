@@ -107,7 +107,7 @@ def test_plan_closed_form_max_num_seqs(tmp_path):
     assert res.exit_code == 0, res.output
     (row,) = pq.read_table(out / "plan.parquet").to_pylist()
     assert row["scheduler.max_num_seqs"] == k and row["monotone"] and row["deciding_fail_value"] == k - 1
-    assert row["ttft_max_at_answer"] < 100 and row["ttft_max_below"] > 1300
+    assert row["ttft_max_at_answer"] < 100 and row["ttft_max_at_fail"] > 1300
     assert row["runs"] < 16  # bisection, not a scan of 64 values
     runs = pq.read_table(out / "sweep.parquet").to_pylist()
     assert len(runs) == row["runs"] and all(r["error"] is None for r in runs)

@@ -101,7 +101,7 @@ class PlanOutcome:
     def answer(self, c: Combo) -> PointResult | None:
         return None if c.infeasible or c.hi is None else c.results[c.hi]
 
-    def decider_below(self, c: Combo) -> PointResult | None:
+    def deciding_fail_run(self, c: Combo) -> PointResult | None:
         return c.results.get(c.lo) if c.lo >= 0 else None
 
 
@@ -148,7 +148,7 @@ def answer_rows(outcome: PlanOutcome, session: SweepSession) -> list[dict[str, A
     """One row per combination: the answer, its GPUs, and the runs that decided it."""
     rows = []
     for c in outcome.combos:
-        ans, below = outcome.answer(c), outcome.decider_below(c)
+        ans, fail = outcome.answer(c), outcome.deciding_fail_run(c)
         row: dict[str, Any] = {k: v.label for k, v in c.others}
         row[outcome.vary.key] = None if ans is None else c.values[c.hi].label
         row["gpus"] = None if ans is None else ans.metrics["gpus"]
@@ -157,11 +157,11 @@ def answer_rows(outcome: PlanOutcome, session: SweepSession) -> list[dict[str, A
         row["scanned"] = c.scanned
         row["runs"] = len(c.results)
         row["deciding_pass"] = None if ans is None else session.where(ans)
-        row["deciding_fail"] = None if below is None else session.where(below)
-        row["deciding_fail_value"] = None if below is None else c.values[c.lo].label
+        row["deciding_fail"] = None if fail is None else session.where(fail)
+        row["deciding_fail_value"] = None if fail is None else c.values[c.lo].label
         for key in session.slo.constraints:
             row[f"{key}_at_answer"] = None if ans is None else ans.metrics.get(key)
-            row[f"{key}_below"] = None if below is None or not below.metrics else below.metrics.get(key)
+            row[f"{key}_at_fail"] = None if fail is None or not fail.metrics else fail.metrics.get(key)
         row["violations"] = "; ".join(c.violations) or None
         rows.append(row)
     return rows
