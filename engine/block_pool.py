@@ -3,7 +3,8 @@
 - vLLM reserves block 0 as the null block: ``num_gpu_blocks - 1`` blocks are usable.
 - The free queue holds every block with ref_cnt == 0, cached ones included, oldest first; allocation
   pops its LRU end, and a popped block that is still cached is evicted then (lazy eviction). A hit
-  on a free cached block unlinks it; freed blocks join the tail in the order given.
+  on a free cached block unlinks it. Freed blocks without a hash join the head (vLLM 0.33: they
+  are reused first), cached ones the tail in the order given.
 - Two requests that compute the same block make two copies under one key; the key stays cached
   until its last copy is evicted (vLLM keeps a dict of block ids per hash).
 
@@ -32,9 +33,19 @@ from itertools import compress, repeat
 from operator import not_
 
 
+class PoolInvariantError(Exception):
+    """A --check invariant of the pool failed (an engine bug, never bad input)."""
+
+
+def _require(ok: bool, message: str) -> None:
+    """An invariant check that, unlike ``assert``, survives ``python -O``."""
+    if not ok:
+        raise PoolInvariantError(message)
+
+
 class BlockPool:
     __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "where", "num_free",
-                 "num_evictions", "_next_id", "_next_run")
+                 "num_evictions", "_next_id", "_next_run", "uncached_first")
 
     def __init__(self, num_gpu_blocks: int) -> None:
         if num_gpu_blocks < 2:
@@ -50,6 +61,7 @@ class BlockPool:
         self.num_evictions = 0
         self._next_id = 1
         self._next_run = 1
+        self.uncached_first = True  # [0.33] freed blocks without a hash are reused first; [0.11] tail
 
     def get_num_free_blocks(self) -> int:
         return self.num_free
@@ -178,16 +190,34 @@ class BlockPool:
         fq[self._next_run] = [count, evicts]
         self._next_run += 1
 
+    def _prepend_uncached(self, count: int) -> None:
+        """Blocks without a hash go to the head of the free queue: reused before any cached block."""
+        fq = self.free_queue
+        if fq:
+            run = fq[next(iter(fq))]
+            if len(run) == 2 and not run[1]:
+                run[0] += count
+                return
+        rid = self._next_run
+        self._next_run += 1
+        fq[rid] = [count, False]
+        fq.move_to_end(rid, last=False)
+
     def free_blocks(self, blocks_in_eviction_order: list[int], keys: list[int], num_uncached: int,
                     num_private: int) -> None:
-        """Drop one reference each; blocks reaching zero join the free queue tail in the given order.
+        """Drop one reference each; blocks reaching zero join the free queue.
 
-        The first ``num_uncached`` blocks are not cached, the next ``num_private`` are private
-        (cached, findable by nobody): both join as anonymous runs. The rest are registered, under
-        ``keys`` (aligned with them).
+        vLLM 0.33 (BlockPool.free_blocks): blocks without a block hash go to the head of the free
+        queue (reused first), cached ones to the tail in the given order. The first ``num_uncached``
+        blocks are not cached (head), the next ``num_private`` are private (cached, findable by
+        nobody; tail): both are anonymous runs. The rest are registered, under ``keys`` (aligned
+        with them), and join the tail after the private ones.
         """
         if num_uncached:
-            self._append_run(num_uncached, False)
+            if self.uncached_first:
+                self._prepend_uncached(num_uncached)
+            else:
+                self._append_run(num_uncached, False)
         if num_private:
             self._append_run(num_private, True)
         skip = num_uncached + num_private
@@ -251,34 +281,34 @@ class BlockPool:
         free_keys: dict[int, int] = {}
         for rid, run in self.free_queue.items():
             if len(run) == 2:
-                assert run[0] > 0, f"empty run {rid}"
+                _require(run[0] > 0, f"empty run {rid}")
                 free += run[0]
                 continue
             blocks, keys, nxt, stale = run
             live = [(b, k) for b, k in zip(blocks[nxt:], keys[nxt:]) if self.where.get(b) == rid]
-            assert len(live) == len(blocks) - nxt - stale, f"run {rid}: stale count {stale} is off"
+            _require(len(live) == len(blocks) - nxt - stale, f"run {rid}: stale count {stale} is off")
             free += len(live)
             free_keys.update(live)
-        assert len(free_keys) == len(self.where), "where and the runs disagree"
-        assert free == self.num_free, f"{free} free blocks counted, {self.num_free} recorded"
-        assert self.num_free + len(holders) == usable, (
-            f"{self.num_free} free + {len(holders)} in use != {usable} usable blocks")
+        _require(len(free_keys) == len(self.where), "where and the runs disagree")
+        _require(free == self.num_free, f"{free} free blocks counted, {self.num_free} recorded")
+        _require(self.num_free + len(holders) == usable, (
+            f"{self.num_free} free + {len(holders)} in use != {usable} usable blocks"))
         for b, held in holders.items():
-            assert b not in self.where, f"block {b} is held and free"
-            assert held == 1 + self.extra_refs.get(b, 0), (
-                f"block {b}: held {held} times, ref_cnt {1 + self.extra_refs.get(b, 0)}")
+            _require(b not in self.where, f"block {b} is held and free")
+            _require(held == 1 + self.extra_refs.get(b, 0), (
+                f"block {b}: held {held} times, ref_cnt {1 + self.extra_refs.get(b, 0)}"))
         for b in self.extra_refs:
-            assert b in holders, f"block {b}: extra refs on a block nobody holds"
+            _require(b in holders, f"block {b}: extra refs on a block nobody holds")
 
         def key_of(b: int) -> int | None:
             return free_keys[b] if b in free_keys else in_use_keys.get(b)
 
         for key, b in self.cached.items():
-            assert key_of(b) == key, f"cached key of block {b} mismatches"
+            _require(key_of(b) == key, f"cached key of block {b} mismatches")
         for key, copies in self.dups.items():
-            assert key in self.cached, "duplicate copy without a primary"
+            _require(key in self.cached, "duplicate copy without a primary")
             for b in copies:
-                assert key_of(b) == key
+                _require(key_of(b) == key, f"block {b}: duplicate copy under the wrong key")
         n_keys = len(self.cached) + sum(len(c) for c in self.dups.values())
         n_keyed = len(free_keys) + sum(1 for b, k in in_use_keys.items() if k is not None)
-        assert n_keys == n_keyed, f"{n_keys} cached copies but {n_keyed} keyed blocks"
+        _require(n_keys == n_keyed, f"{n_keys} cached copies but {n_keyed} keyed blocks")

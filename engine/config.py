@@ -1,6 +1,9 @@
 """Engine configuration: pydantic models whose key names follow vLLM's engine arguments.
 
-Unknown keys are rejected everywhere (a typo must never silently fall back to a default).
+Unknown keys are rejected everywhere (a typo must never silently fall back to a default). Types are
+strict (YAML's ``true`` is not the integer 1, ``2.0`` is not an integer, ``"8"`` is not a number) and
+floats must be finite (``.inf``/``.nan`` refused). Checks against the model and the GPU that vLLM
+makes at start-up (``check_model_limits``) refuse what vLLM would refuse.
 """
 
 from __future__ import annotations
@@ -9,13 +12,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from replay.errors import ConfigError
+from replay.errors import ConfigError, ReplayError
+from replay.files import require_regular_file
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
 
 
 class SchedulerConfig(StrictModel):
@@ -96,6 +100,30 @@ class TimingConfig(StrictModel):
     relative, measured). See docs/timing.md, "How the aic backend stays fast"."""
 
 
+RouterName = Literal["round_robin", "random", "least_loaded", "session_affinity", "kv_aware", "prefix_score"]
+
+
+class FleetConfig(StrictModel):
+    """Data-parallel replicas of the engine configured around it, behind one router (docs/fleet.md)."""
+
+    replicas: int = Field(1, gt=0, le=4096)
+    router: RouterName = "round_robin"
+    router_options: dict[str, Any] = Field(default_factory=dict)  # per router; unknown keys rejected
+    router_latency_ms: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # arrival -> replica queue
+
+    @model_validator(mode="after")
+    def _router_options(self) -> FleetConfig:
+        from engine.routers.options import OPTIONS_BY_ROUTER
+
+        try:
+            OPTIONS_BY_ROUTER[self.router].model_validate(self.router_options)
+        except ValidationError as exc:
+            bad = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(options)'}: "
+                            f"{'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}" for e in exc.errors())
+            raise ValueError(f"router_options for router {self.router!r}: {bad}") from None
+        return self
+
+
 class EngineConfig(StrictModel):
     model: str = "meta-llama/Llama-3.1-8B"
     hardware: str = "h200_sxm"
@@ -110,11 +138,83 @@ class EngineConfig(StrictModel):
     host_offload: HostOffloadConfig | None = None
     timing: TimingConfig = Field(default_factory=TimingConfig)
     seed: int = 0
+    fleet: FleetConfig | None = None  # absent: one replica, outputs exactly the single-engine ones
+
+    @field_validator("semantics", mode="before")
+    @classmethod
+    def _version_as_text(cls, v: Any) -> Any:
+        """YAML reads ``semantics: 0.33`` (and ``--set semantics=0.33``) as a float: take it as the version."""
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return repr(v)
+        return v
+
+    @model_validator(mode="after")
+    def _model_limits(self) -> EngineConfig:
+        check_model_limits(self)
+        return self
 
 
-def _parse_scalar(text: str) -> Any:
+def check_model_limits(config: EngineConfig) -> None:
+    """What vLLM refuses at start-up for this model and GPU (ValueError names the key).
+
+    - ``tensor_parallel_size``: vLLM requires the attention heads to split evenly over the ranks
+      (``ModelConfig.verify_with_parallel_config``: num_attention_heads % tp == 0) and the KV heads to
+      split or replicate evenly (``QKVParallelLinear``: kv_heads % tp == 0, or tp % kv_heads == 0
+      when tp > kv_heads). MLA models keep one latent per rank: only the first rule applies.
+    - ``max_model_len`` above the model's ``max_position_embeddings``: vLLM refuses unless
+      ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1`` (that override is not modeled).
+    - ``kv_cache.num_gpu_blocks`` / ``kv_bytes_per_token``-sized ``kv_cache_size_tokens``: the KV cache
+      of one rank cannot exceed that GPU's whole memory (the profile's ``usable_memory_bytes``, what
+      the driver reports), which bounds it long before any int overflow.
+
+    An unknown model or hardware is left to ``resolve_setup``, which names it.
+    """
+    from engine.hardware import get_hardware
+    from engine.models import get_model
+
+    try:
+        model = get_model(config.model)
+        hw = get_hardware(config.hardware)
+    except ReplayError:
+        return
+    tp = config.tensor_parallel_size
+    if model.num_q_heads % tp:
+        raise ValueError(f"tensor_parallel_size={tp} does not divide the {model.num_q_heads} attention heads of "
+                         f"{model.name} (vLLM refuses this)")
+    kv = model.num_kv_heads
+    if not model.is_mla and kv and (kv % tp if tp <= kv else tp % kv):
+        raise ValueError(f"tensor_parallel_size={tp} neither divides nor is a multiple of the {kv} KV heads of "
+                         f"{model.name} (vLLM refuses this)")
+    if config.max_model_len is not None and config.max_model_len > model.max_position_embeddings:
+        raise ValueError(f"max_model_len={config.max_model_len} exceeds {model.name}'s limit of "
+                         f"{model.max_position_embeddings} tokens (max_position_embeddings; vLLM refuses this)")
+    kvc = config.kv_cache
+    tokens = (kvc.num_gpu_blocks * kvc.block_size if kvc.num_gpu_blocks is not None
+              else kvc.kv_cache_size_tokens)
+    if tokens is not None:
+        from engine.kv_capacity import kv_bytes_per_token
+
+        need = tokens * kv_bytes_per_token(config)
+        memory = int(hw.gpu.usable_memory_bytes.value)
+        if need > memory:
+            key = "num_gpu_blocks" if kvc.num_gpu_blocks is not None else "kv_cache_size_tokens"
+            raise ValueError(f"kv_cache.{key}: {tokens:,} tokens of KV need {need / 2**30:,.1f} GiB per GPU, more "
+                             f"than the {memory / 2**30:,.1f} GiB of a whole {hw.name}")
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: what YAML found wrong and where (line and column, 1-based)."""
+    mark = getattr(exc, "problem_mark", None)
+    what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"line {mark.line + 1}, column {mark.column + 1}: {what}" if mark is not None else what
+
+
+def _parse_scalar(text: str, item: str) -> Any:
     """Override values use YAML scalars: 8192, 0.5, true, null, fcfs, [0.8, 0.3]."""
-    return yaml.safe_load(text)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {item!r}: invalid YAML value ({_yaml_problem(exc)})") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -132,7 +232,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if not isinstance(child, dict):
                 raise ConfigError(f"--set {item!r}: {part!r} is not a section")
             node = child
-        node[parts[-1]] = _parse_scalar(value)
+        node[parts[-1]] = _parse_scalar(value, item)
     return data
 
 
@@ -143,13 +243,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         source = str(path)
         try:
+            require_regular_file(path, "config file")
             text = Path(path).read_text(encoding="utf-8")
+        except ReplayError as exc:
+            raise ConfigError(str(exc)) from None
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset "
+                              f"{exc.start}); a config is YAML text") from None
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+            raise ConfigError(f"{path}: invalid YAML: {_yaml_problem(exc)}") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -166,9 +272,14 @@ def validate_config(data: dict[str, Any], source: str, overrides: list[str] | No
     try:
         return EngineConfig.model_validate(data)
     except ValidationError as exc:
-        lines = []
+        problems = []
         for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            lines.append(f"  {loc}: {msg}")
-        raise ConfigError(f"{source}: invalid config:\n" + "\n".join(lines)) from None
+            loc = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            elif err["type"] == "value_error":
+                msg = str(err.get("ctx", {}).get("error", err["msg"]))
+            else:
+                msg = err["msg"]
+            problems.append(f"{loc}: {msg}" if loc else msg)
+        raise ConfigError(f"{source}: invalid config: " + "; ".join(problems)) from None

@@ -42,14 +42,20 @@ def _next_store_step(r, base: int, off_bs: int) -> int:
     """Window step after which ``r``'s next offload block is full (G2 prepares its store then)."""
     return off_bs * (r.num_stored_offload_blocks + 1) - 1 - base
 
+_VECTOR_MIN_STEPS = 48  # below this, numpy's per-call overhead exceeds timing steps one by one
+
 # Event kinds, in their order within one step (as in schedule()): allocations, the queue head's
 # CPU lookup, stores.
 _ALLOC, _LOOKUP, _STORE = 0, 1, 2
 
 
 def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next_event_ms: float,
-                      step_idx: int, min_steps: int = 3) -> tuple[float, int]:
-    """Fast-forward decode-only steps from ``now``; returns (new now, steps taken)."""
+                      step_idx: int, min_steps: int = 3, replica: int = 0,
+                      steps_ms=None) -> tuple[float, int]:
+    """Fast-forward decode-only steps from ``now``; returns (new now, steps taken).
+
+    ``steps_ms(nrun, ctx0, count)``: the timer's vectorised decode step times, bit-identical to
+    ``step_ms`` (RooflineTimer.decode_steps_ms); without it every step is timed by ``step_ms``."""
     running = sched.running
     nrun = len(running)
     lim = sched.limits
@@ -91,10 +97,19 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     def extend() -> None:
         k = min(batch[0], m - len(durations))
         c = ctx0 + len(durations) * nrun
-        new = list(map(step_ms, repeat(0, k), repeat(0, k), repeat(0, k), repeat(0, k), repeat(nrun, k),
-                       repeat(nrun, k), range(c, c + k * nrun, nrun), repeat(0, k)))
-        durations.extend(new)
-        times.extend(islice(accumulate(new, initial=times[-1]), 1, None))
+        if steps_ms is not None and k >= _VECTOR_MIN_STEPS:
+            new_arr = steps_ms(nrun, c, k)
+            acc = np.empty(k + 1)
+            acc[0] = times[-1]
+            acc[1:] = new_arr
+            np.add.accumulate(acc, out=acc)  # one addition after the other, as stepping adds them
+            durations.extend(new_arr.tolist())
+            times.extend(acc[1:].tolist())
+        else:
+            new = list(map(step_ms, repeat(0, k), repeat(0, k), repeat(0, k), repeat(0, k), repeat(nrun, k),
+                           repeat(nrun, k), range(c, c + k * nrun, nrun), repeat(0, k)))
+            durations.extend(new)
+            times.extend(islice(accumulate(new, initial=times[-1]), 1, None))
         batch[0] *= 2
 
     limit = m
@@ -184,30 +199,36 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     waiting = len(sched.waiting)
     starts = times[:s]
     ends = times[1:s + 1]
-    kv_used = _runs_to_column(free_changes, s, lambda free: usable - free)
-    kv_usage = _runs_to_column(free_changes, s, lambda free: 1.0 - free / usable)
+    free = _runs_to_array(free_changes, s)
+    kv_used = usable - free
+    kv_usage = 1.0 - free / usable
     if offload is not None:
-        stored_col = [0] * s
+        stored_col = np.zeros(s, dtype=np.int64)
         for step, stored in stored_at:
             stored_col[step] = stored
-        cpu_used_col = _runs_to_column(cpu_changes, s, int)
-        cpu_usage_col = _runs_to_column(cpu_changes, s, lambda used: used / offload.num_cpu_blocks)
+        cpu_used_col = _runs_to_array(cpu_changes, s)
+        cpu_usage_col = cpu_used_col / offload.num_cpu_blocks
         rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, kv_usage, kv_used,
-                                 stored_col, cpu_used_col, cpu_usage_col)
+                                 stored_col, cpu_used_col, cpu_usage_col, replica=replica)
     else:
-        rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, kv_usage, kv_used)
+        rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, kv_usage, kv_used,
+                                 replica=replica)
     idx = np.fromiter((r.idx for r in running), dtype=np.int32, count=nrun)
     rec.emit_chunk_arrays(np.tile(idx, s), np.repeat(np.array(ends), nrun), np.ones(s * nrun, np.int32))
     return times[s], s
 
 
-def _runs_to_column(changes: list[tuple[int, object]], n: int, value) -> list:
-    """Per-step column of ``n`` steps from (first step, state) change points, ``value(state)`` each."""
-    col: list = []
-    for i, (step, state) in enumerate(changes):
+def _runs_to_array(changes: list[tuple[int, int]], n: int) -> np.ndarray:
+    """Per-step int64 column of ``n`` steps from (first step, value) change points."""
+    if len(changes) == 1:
+        return np.full(n, changes[0][1], dtype=np.int64)
+    values: list[int] = []
+    lengths: list[int] = []
+    for i, (step, value) in enumerate(changes):
         end = changes[i + 1][0] if i + 1 < len(changes) else n
         if end > n:
             end = n
         if end > step:
-            col.extend(repeat(value(state), end - step))
-    return col
+            values.append(value)
+            lengths.append(end - step)
+    return np.repeat(np.array(values, dtype=np.int64), lengths)

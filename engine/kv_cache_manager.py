@@ -23,12 +23,12 @@ _EAGER = 1 << 62  # a preempted request registers every full block (it may look 
 
 
 class KVCacheManager:
-    __slots__ = ("pool", "block_size", "enable_caching", "hash_lookahead", "drop_last_hit")
+    __slots__ = ("pool", "block_size", "enable_caching", "hash_lookahead", "drop_last_hit", "reprefillable")
     # The pool class: tests swap in tests/reference_block_pool.PerBlockPool to check it end to end.
     pool_factory = BlockPool
 
     def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = True,
-                 hash_lookahead: int = 0, drop_last_hit: bool = False) -> None:
+                 hash_lookahead: int = 0, drop_last_hit: bool = False, reprefillable: int = 0) -> None:
         self.pool = self.pool_factory(num_gpu_blocks)
         self.block_size = block_size
         self.enable_caching = enable_caching
@@ -36,6 +36,9 @@ class KVCacheManager:
         # [0.11] the last hit block is dropped instead.
         self.hash_lookahead = hash_lookahead
         self.drop_last_hit = drop_last_hit
+        # vLLM 0.33 num_reprefillable_tokens: multi-module MTP may re-prefill the last
+        # num_prefill_lookahead - 1 computed tokens, so they are never cached.
+        self.reprefillable = reprefillable
 
     @staticmethod
     def _registrable(req: Request) -> int:
@@ -89,11 +92,13 @@ class KVCacheManager:
 
     def allocate_slots(self, req: Request, num_new_tokens: int,
                        new_computed_blocks: list[int] | None = None,
-                       num_lookahead_tokens: int = 0, delay_cache: bool = False) -> bool:
+                       num_lookahead_tokens: int = 0, delay_cache: bool = False,
+                       reserve_blocks: int = 0) -> bool:
         """Make room for ``num_new_tokens`` (+ lookahead) more tokens; False if the pool is short.
 
         ``delay_cache``: blocks that an asynchronous CPU load will fill are not registered yet
         (vLLM's delay_cache_blocks); the scheduler registers them when the load completes.
+        ``reserve_blocks``: free blocks that must remain after the allocation (the watermark).
         """
         bs = self.block_size
         pool = self.pool
@@ -106,12 +111,12 @@ class KVCacheManager:
             num_new_blocks = 0
         if new_computed_blocks:
             evictable = pool.num_free_among(new_computed_blocks)
-            if num_new_blocks + evictable > pool.num_free:
+            if num_new_blocks + evictable + reserve_blocks > pool.num_free:
                 return False
             pool.touch(new_computed_blocks)
             req.block_ids.extend(new_computed_blocks)
             req.num_cached_blocks = len(req.block_ids)
-        elif num_new_blocks > pool.num_free:
+        elif num_new_blocks + reserve_blocks > pool.num_free:
             return False
         if num_new_blocks:
             req.block_ids.extend(pool.get_new_blocks(num_new_blocks))
@@ -119,16 +124,31 @@ class KVCacheManager:
             tokens_to_cache = num_computed + num_new_tokens
             if tokens_to_cache > req.num_tokens:
                 tokens_to_cache = req.num_tokens  # draft tokens are never cached
-            num_full = (tokens_to_cache - self.hash_lookahead) // bs
-            start = req.num_cached_blocks
-            if num_full > start:
-                reg = self._registrable(req)
-                if reg > num_full:
-                    reg = num_full
-                if reg > start:
-                    pool.cache_full_blocks(req.block_ids[start:reg], req.keys.keys_upto(reg)[start:reg])
-                req.num_cached_blocks = num_full
+            self.cache_blocks(req, tokens_to_cache)
         return True
+
+    def cache_blocks(self, req: Request, num_computed_tokens: int) -> None:
+        """Register the blocks full within ``num_computed_tokens`` whose key is known.
+
+        vLLM 0.33 (coordinator.get_num_cacheable_tokens and the clamp in
+        single_type_kv_cache_manager.cache_blocks): a block is cached once it is computed (less the
+        re-prefillable tail of multi-module MTP) and its hash exists, i.e. the request's known
+        tokens cover the block and its hash lookahead. Prompt lookahead tokens are known up front,
+        so a prefill chunk caches its blocks as it computes them.
+        """
+        bs = self.block_size
+        num_full = (num_computed_tokens - self.reprefillable) // bs
+        hashed = (req.num_tokens - self.hash_lookahead) // bs
+        if hashed < num_full:
+            num_full = hashed
+        start = req.num_cached_blocks
+        if num_full > start:
+            reg = self._registrable(req)
+            if reg > num_full:
+                reg = num_full
+            if reg > start:
+                self.pool.cache_full_blocks(req.block_ids[start:reg], req.keys.keys_upto(reg)[start:reg])
+            req.num_cached_blocks = num_full
 
     def free(self, req: Request, preempted: bool = False) -> None:
         """Release a request's blocks, last block first, so its prefix head is evicted last.

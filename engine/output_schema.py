@@ -32,7 +32,7 @@ REQUESTS_SCHEMA = pa.schema(
         ("queue_ms", pa.float64()),            # first_scheduled_ms - arrival_ms
         ("tpot_ms", pa.float64()),             # (finish - first token) / (output_tokens - 1); null if 1 token
         ("input_tokens", pa.int32()),
-        ("output_tokens", pa.int32()),
+        ("output_tokens", pa.int32()),         # generated; for a rejected request, the requested length
         ("cached_tokens", pa.int32()),         # GPU prefix-cache hit tokens at first admission
         ("cpu_hit_tokens", pa.int32()),        # G2 host-cache hit tokens at first admission
         ("load_wait_ms", pa.float64()),        # total time waiting for H2D loads

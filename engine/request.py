@@ -30,7 +30,7 @@ class Request:
         "first_scheduled_ms", "first_token_ms", "finish_ms", "load_wait_ms", "load_ready_ms",
         "load_start_ms", "num_drafts", "num_draft_tokens_total", "num_accepted_tokens",
         "spec_step", "stores_done_ms", "num_stored_offload_blocks",
-        "load_keys", "lookup_memo",
+        "load_keys", "lookup_memo", "is_prefill_chunk", "padded_drafts",
     )
 
     def __init__(self, idx: int, request_id: str, arrival_ms: float, num_prompt_tokens: int,
@@ -67,6 +67,8 @@ class Request:
         self.stores_done_ms = 0.0  # G2: when the last D2H store reading this request's blocks completes
         self.num_stored_offload_blocks = 0  # leading offload blocks already prepared for storing
         self.load_keys: list[range] = []  # G2: runs of CPU keys pinned by this request's H2D load
+        self.is_prefill_chunk = False  # vLLM: its last scheduled chunk ended before its last known token
+        self.padded_drafts = False  # vLLM pad_spec_decode: this step's drafts are placeholders
         self.lookup_memo: tuple | None = None  # G2: (store version, ready bound, start, hits, blocks, key runs, their groups) of the last lookup
 
     @property

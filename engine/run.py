@@ -13,11 +13,13 @@ import pyarrow.parquet as pq
 
 from engine.arrivals import plan_arrivals
 from engine.config import EngineConfig
-from engine.kv_cache_manager import KVCacheManager
+from engine.core import EngineCore
+from engine.fleet import FleetLoop, ProgressFn
+from engine.fleet_summary import fleet_summary
 from engine.output_schema import RUN_FILE
 from engine.recorder import Recorder
-from engine.scheduler import Scheduler, SchedulerLimits
-from engine.simulator import ProgressFn, Simulator
+from engine.routers import RouterContext, build_router
+from engine.scheduler import Scheduler, kv_cache_manager_for, scheduler_limits_for
 from engine.spec_decode import AcceptanceSampler, resolve_rates
 from engine.timing.base import StepTimer
 from engine.trace_input import TraceArrays, trace_arrays
@@ -66,6 +68,18 @@ def resolve_setup(config: EngineConfig) -> EngineSetup:
 class RunSummary:
     outdir: Path
     run_info: dict
+
+
+def _build_scheduler(config: EngineConfig, setup: EngineSetup, sampler: AcceptanceSampler | None) -> Scheduler:
+    """One replica's scheduler with its own KV cache and G2 tier (replicas share nothing else)."""
+    kv = kv_cache_manager_for(config, setup.num_gpu_blocks)
+    offload = None
+    if config.host_offload is not None:
+        from engine.offload import OffloadManager
+
+        offload = OffloadManager(config.host_offload, kv, setup.kv_bytes_per_token)
+    limits = scheduler_limits_for(config, setup.num_gpu_blocks, setup.max_model_len)
+    return Scheduler(limits, kv, sampler, offload)
 
 
 def find_unreplayable(trace: TraceArrays, selected: np.ndarray, config: EngineConfig,
@@ -139,40 +153,29 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
             path=str(trace_path) if trace_path else None)
 
     bs = config.kv_cache.block_size
-    k = config.speculative.num_speculative_tokens if config.speculative else 0
     sampler = None
     if config.speculative is not None:
         sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
-    lookahead_hash = k if (k and config.semantics == "0.33") else 0
-    kv = KVCacheManager(setup.num_gpu_blocks, bs, config.kv_cache.enable_prefix_caching,
-                        hash_lookahead=lookahead_hash, drop_last_hit=bool(k and config.semantics == "0.11"))
-    offload = None
-    if config.host_offload is not None:
-        from engine.offload import OffloadManager
-
-        offload = OffloadManager(config.host_offload, kv, setup.kv_bytes_per_token)
-    sc = config.scheduler
-    v011 = config.semantics == "0.11"
-    limits = SchedulerLimits(
-        max_num_batched_tokens=sc.max_num_batched_tokens,
-        max_num_seqs=sc.max_num_seqs,
-        max_model_len=setup.max_model_len,
-        long_prefill_token_threshold=sc.long_prefill_token_threshold,
-        reserve_full_isl=sc.reserve_full_isl and not v011,
-        watermark_blocks=0 if v011 else int(sc.watermark * setup.num_gpu_blocks),
-        policy=sc.policy,
-        num_spec_tokens=k,
-    )
-    scheduler = Scheduler(limits, kv, sampler, offload)
+    fleet = config.fleet
+    num_replicas = fleet.replicas if fleet is not None else 1
+    schedulers = [_build_scheduler(config, setup, sampler) for _ in range(num_replicas)]
+    lookahead_hash = schedulers[0].kv.hash_lookahead
     plan = plan_arrivals(trace, config.load, config.seed, selected)
+    router = None
+    if num_replicas > 1:
+        ctx = RouterContext(num_replicas=num_replicas, block_size=bs, num_gpu_blocks=setup.num_gpu_blocks,
+                            seed=config.seed, trace=trace)
+        router = build_router(fleet.router, fleet.router_options, ctx)
 
-    with atomic_dir(outdir, overwrite=overwrite) as tmp:
-        recorder = Recorder(trace, tmp)
-        sim = Simulator(trace, plan, scheduler, setup.timer, recorder, block_size=bs,
-                        hash_lookahead=lookahead_hash, rejected=rejected,
-                        check_invariants=check_invariants, progress=progress, fast_forward=fast_forward)
+    with atomic_dir(outdir, overwrite=overwrite, inputs=[trace_path]) as tmp:
+        recorder = Recorder(trace, tmp, replica_column=num_replicas > 1)
+        cores = [EngineCore(i, sched, setup.timer, recorder, fast_forward=fast_forward,
+                            check_invariants=check_invariants) for i, sched in enumerate(schedulers)]
+        loop = FleetLoop(trace, plan, cores, router, recorder, block_size=bs, hash_lookahead=lookahead_hash,
+                         rejected=rejected, router_latency_ms=fleet.router_latency_ms if fleet else 0.0,
+                         progress=progress)
         try:
-            sim.run()
+            loop.run()
         except BaseException:
             recorder.abort()
             raise
@@ -192,17 +195,19 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
             "rejected": int((status == 1).sum()),
             "unfinished": int((status == 2).sum()),
             "input_tokens": int(trace.input_tokens[selected].sum()),
-            "output_tokens": int(recorder.output_tokens[selected].sum()),
-            "prefix_query_tokens": scheduler.prefix_query_tokens,
-            "prefix_hit_tokens": scheduler.prefix_hit_tokens,
-            "cpu_hit_tokens": scheduler.cpu_hit_tokens,
-            "preemptions": scheduler.total_preemptions,
+            "output_tokens": int(recorder.output_tokens[selected][status != 1].sum()),  # generated only
+            "prefix_query_tokens": sum(c.sched.prefix_query_tokens for c in cores),
+            "prefix_hit_tokens": sum(c.sched.prefix_hit_tokens for c in cores),
+            "cpu_hit_tokens": sum(c.sched.cpu_hit_tokens for c in cores),
+            "preemptions": sum(c.sched.total_preemptions for c in cores),
             "steps": recorder.num_steps,
             "chunks": recorder.num_chunks,
-            "gpu_block_evictions": kv.pool.num_evictions,
+            "gpu_block_evictions": sum(c.kv_pool.num_evictions for c in cores),
         }
-        if offload is not None:
-            totals.update(offload.totals())
+        if config.host_offload is not None:
+            for key in cores[0].offload.totals():
+                values = [c.offload.totals()[key] for c in cores]
+                totals[key] = values[0] if key == "num_cpu_blocks" else sum(values)
         warnings = []
         if rejected:
             warnings.append(f"{len(rejected)} request(s) rejected before the run (see reject_reason)")
@@ -229,14 +234,16 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
                             "tokens": (setup.num_gpu_blocks - 1) * bs, **setup.capacity_detail},
             "kv_bytes_per_token": setup.kv_bytes_per_token,
             "max_model_len": setup.max_model_len,
-            "simulated_span_ms": sim.now,
+            "simulated_span_ms": loop.now,
             "wall_time_s": round(time.perf_counter() - wall_start, 3),
             "totals": totals,
             "warnings": warnings,
             "timing": {"backend": config.timing.backend, "uncalibrated": setup.uncalibrated},
             "session_delay_rule": plan.delay_rule,
-            "prefix_hit_rate": (scheduler.prefix_hit_tokens / scheduler.prefix_query_tokens
-                                if scheduler.prefix_query_tokens else None),
+            "prefix_hit_rate": (totals["prefix_hit_tokens"] / totals["prefix_query_tokens"]
+                                if totals["prefix_query_tokens"] else None),
         }
+        if fleet is not None:
+            info["fleet"] = fleet_summary(cores, recorder, selected, loop.now)
         write_json_atomic(tmp / RUN_FILE, info)
     return RunSummary(outdir=Path(outdir), run_info=info)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request, RequestStatus
-from engine.spec_decode import AcceptanceSampler
+from engine.spec_decode import AcceptanceSampler, resolve_rates
 from engine.waiting_queue import FCFSQueue, PriorityQueue
 
 
@@ -26,6 +27,7 @@ class SchedulerLimits:
     watermark_blocks: int = 0
     policy: str = "fcfs"
     num_spec_tokens: int = 0
+    prefill_lookahead: int = 0  # vLLM 0.33 num_prefill_lookahead_tokens (MTP: 1, or k multi-module)
 
 
 class SchedulerOutput:
@@ -97,14 +99,19 @@ class Scheduler:
         kv = self.kv
         out = SchedulerOutput()
         budget = lim.max_num_batched_tokens
-        lpt = lim.long_prefill_token_threshold
+        # vLLM 0.33: the threshold protects other requests from a long prefill; with one eligible
+        # request there is nobody to protect, so it is off.
+        lpt = lim.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
         k = lim.num_spec_tokens
+        pla = lim.prefill_lookahead
         max_model_len = lim.max_model_len
         bs = kv.block_size
         caching = kv.enable_caching
         la_hash = kv.hash_lookahead
+        rp = kv.reprefillable
         sched_reqs = out.reqs
         sched_tokens = out.num_new_tokens
+        prefill_scheduled = False
 
         # Phase 1: RUNNING, in admission order.
         running = self.running
@@ -122,14 +129,17 @@ class Scheduler:
             cap = max_model_len - 1 - before
             if n > cap:
                 n = cap
+            if pla > 1:
+                n = _reserve_prefill_lookahead(known - before - n, n, pla)
             if n <= 0:
                 i += 1
                 continue
             # Fast path (most decode steps): the held blocks already cover the new tokens and the
-            # lookahead, and no block becomes full; allocate_slots would change nothing.
+            # lookahead, and no block becomes cacheable; allocate_slots would change nothing.
             done = before + n
             if (done + k + bs - 1) // bs > len(r.block_ids) or (
-                    caching and ((done if done < known else known) - la_hash) // bs > r.num_cached_blocks):
+                    caching and min(((done if done < known else known) - rp) // bs, (known - la_hash) // bs)
+                    > r.num_cached_blocks):
                 scheduled = True
                 while not kv.allocate_slots(r, n, None, k):
                     victim, victim_idx = self._pick_victim()
@@ -146,7 +156,10 @@ class Scheduler:
                         scheduled = False
                         break
                 if not scheduled:
+                    if lim.policy == "priority":
+                        continue  # vLLM 0.33: later (higher-priority) requests may still fit
                     break
+            prefill_scheduled |= r.is_prefill_chunk
             sched_reqs.append(r)
             sched_tokens.append(n)
             budget -= n
@@ -154,7 +167,7 @@ class Scheduler:
 
         # Phase 2: WAITING, only when nothing was preempted this step.
         if not preempted_any:
-            budget = self._schedule_waiting(now_ms, budget, sched_reqs, sched_tokens)
+            budget = self._schedule_waiting(now_ms, budget, sched_reqs, sched_tokens, prefill_scheduled)
 
         # The step's shape, in one pass over what was scheduled.
         n_pre = pre_tok = pre_ctx = pre_work = n_dec = dec_q = dec_ctx = 0
@@ -174,6 +187,7 @@ class Scheduler:
                 pre_ctx += before
                 pre_work += n * before + n * (n + 1) // 2
             r.num_draft_tokens = drafts
+            r.is_prefill_chunk = before + n < r.num_prompt_tokens + r.num_output_tokens
             drafts_list.append(drafts)
             if r.first_scheduled_ms < 0:
                 r.first_scheduled_ms = now_ms
@@ -191,14 +205,15 @@ class Scheduler:
         return out
 
     def _schedule_waiting(self, now_ms: float, budget: int, sched_reqs: list[Request],
-                          sched_tokens: list[int]) -> int:
+                          sched_tokens: list[int], prefill_scheduled: bool = False) -> int:
         lim = self.limits
         kv = self.kv
         waiting = self.waiting
         running = self.running
         offload = self.offload
-        lpt = lim.long_prefill_token_threshold
+        lpt = lim.long_prefill_token_threshold if len(running) + len(waiting) > 1 else 0
         k = lim.num_spec_tokens
+        pla = lim.prefill_lookahead
         skipped: list[Request] = []
         while waiting and budget > 0 and len(running) < lim.max_num_seqs:
             r = waiting.peek()
@@ -220,6 +235,7 @@ class Scheduler:
                     num_external = offload.get_num_new_matched_tokens(r, num_local, now_ms)
             num_computed = r.num_computed_tokens + num_local + num_external
             known = r.num_prompt_tokens + r.num_output_tokens
+            reserve = lim.watermark_blocks if running else 0  # vLLM: only when others are scheduled
 
             if num_external:
                 # Asynchronous H2D load: hold GPU blocks for local + external tokens, wait for the copy.
@@ -237,19 +253,34 @@ class Scheduler:
                 continue
 
             n = known - num_computed
+            padded = False
+            if n == 1 and k and not prefill_scheduled and (sched_reqs or num_computed > 0) \
+                    and num_computed + 1 + k + 1 <= lim.max_model_len:
+                # vLLM 0.33 pad_spec_decode: a new decode joins with k placeholder drafts (all rejected)
+                # to keep the batch a uniform decode batch; it waits if the budget cannot take them.
+                if 1 + k > budget:
+                    break
+                n = 1 + k
+                padded = True
             if 0 < lpt < n:
                 n = lpt
             if n > budget:
                 n = budget  # chunked prefill is always on in V1
-            lookahead = k if r.num_computed_tokens > 0 else 0
-            if not self._admission_fits(r, new_computed, known, running, lookahead):
+            if pla > 1:
+                n = _reserve_prefill_lookahead(known - num_computed - n, n, pla)
+                if n <= 0:
+                    skipped.append(waiting.pop())  # vLLM: requeued, does not block the queue
+                    continue
+            if not self._admission_fits(r, new_computed, known, running):
                 break  # head-of-line blocking
-            if not kv.allocate_slots(r, n, new_computed, lookahead):
+            # vLLM 0.33 gives every admission its num_lookahead_tokens slots.
+            if not kv.allocate_slots(r, n, new_computed, k, reserve_blocks=reserve):
                 break
             waiting.pop()
             self._record_first_admission(r, num_local, 0)
             r.num_computed_tokens = num_computed
             r.status = RequestStatus.RUNNING
+            r.padded_drafts = padded
             running.append(r)
             sched_reqs.append(r)
             sched_tokens.append(n)
@@ -283,12 +314,16 @@ class Scheduler:
         return not self._admission_fits(r, hits, r.num_prompt_tokens + r.num_output_tokens, self.running)
 
     def _admission_fits(self, r: Request, new_computed: list[int], known: int,
-                        running: list[Request], lookahead: int = 0) -> bool:
-        """vLLM >= 0.19 full-prompt gate (+ watermark when others run); [0.11] no gate."""
+                        running: list[Request]) -> bool:
+        """vLLM >= 0.19 full-prompt gate (+ watermark when others run); [0.11] no gate.
+
+        vLLM 0.33 (allocate_slots, full_sequence_must_fit): room for every known token, lookahead
+        slots not included.
+        """
         lim = self.limits
         if not lim.reserve_full_isl:
             return True
-        need = self.kv.num_blocks_to_admit(r, new_computed, known, lookahead)
+        need = self.kv.num_blocks_to_admit(r, new_computed, known)
         if running:
             need += lim.watermark_blocks
         return need <= self.kv.pool.get_num_free_blocks()
@@ -321,7 +356,12 @@ class Scheduler:
             known = r.num_prompt_tokens + r.num_output_tokens
             if r.num_computed_tokens < known:
                 continue  # a non-final prefill chunk emits nothing
-            if drafts:
+            if drafts and r.padded_drafts:
+                accepted = 0  # placeholder drafts never match a sampled token
+                r.padded_drafts = False
+                r.num_computed_tokens -= drafts
+                emitted = 1
+            elif drafts:
                 accepted = sampler.num_accepted(r.idx, r.spec_step, drafts)
                 r.spec_step += 1
                 r.num_computed_tokens -= drafts - accepted  # blocks are kept
@@ -341,6 +381,10 @@ class Scheduler:
                 r.first_token_ms = end_ms
             chunk_reqs.append(r.idx)
             chunk_tokens.append(emitted)
+            if k:
+                # vLLM 0.33 update_from_output: with spec decoding, blocks whose lookahead tokens are
+                # now known are cached at once (before a finished request frees them).
+                self.kv.cache_blocks(r, r.num_computed_tokens)
             if r.num_output_tokens >= r.max_tokens or known + emitted >= max_model_len:
                 r.status = RequestStatus.FINISHED
                 r.finish_ms = end_ms
@@ -357,3 +401,68 @@ class Scheduler:
                 else:
                     self.kv.free(r)
         return step_drafts, step_accepted
+
+
+def _reserve_prefill_lookahead(remaining: int, n: int, lookahead: int) -> int:
+    """vLLM 0.33 Scheduler._reserve_prefill_lookahead: a prefill chunk never ends within
+    ``lookahead`` tokens of the prefill end (multi-module MTP reads that far ahead)."""
+    if 0 < remaining < lookahead:
+        n -= lookahead - remaining
+    return n if n > 0 else 0
+
+
+# ---------------------------------------------------------------------- construction
+def prefill_lookahead(config: EngineConfig) -> int:
+    """vLLM 0.33 VllmConfig.num_prefill_lookahead_tokens for MTP: k for a multi-module MTP head
+    (num_nextn_predict_layers and k both > 1: each module reads one token further), else 1."""
+    if config.speculative is None:
+        return 0
+    from engine.models import get_model
+
+    k = config.speculative.num_speculative_tokens
+    layers = get_model(config.model).num_mtp_layers or 1  # vLLM's getattr default is 1
+    return k if min(layers, k) > 1 else 1
+
+
+def kv_cache_manager_for(config: EngineConfig, num_gpu_blocks: int) -> KVCacheManager:
+    """The KV cache manager `replay run` uses (and the vLLM parity harness drives)."""
+    k = config.speculative.num_speculative_tokens if config.speculative else 0
+    v011 = config.semantics == "0.11"
+    caching = config.kv_cache.enable_prefix_caching
+    la = prefill_lookahead(config) if (k and not v011) else 0
+    # [0.33] VllmConfig.num_hash_lookahead_tokens: the prefill lookahead, but 0 (legacy hashes, and
+    # so the EAGLE/MTP last-block drop) under a KV connector such as the G2 OffloadingConnector.
+    connector = config.host_offload is not None
+    kv = KVCacheManager(num_gpu_blocks, config.kv_cache.block_size, caching,
+                        hash_lookahead=la if (caching and not connector) else 0,
+                        drop_last_hit=bool(k and (v011 or connector)),
+                        reprefillable=max(0, la - 1))
+    kv.pool.uncached_first = not v011
+    return kv
+
+
+def scheduler_limits_for(config: EngineConfig, num_gpu_blocks: int, max_model_len: int) -> SchedulerLimits:
+    sc = config.scheduler
+    v011 = config.semantics == "0.11"
+    k = config.speculative.num_speculative_tokens if config.speculative else 0
+    return SchedulerLimits(
+        max_num_batched_tokens=sc.max_num_batched_tokens,
+        max_num_seqs=sc.max_num_seqs,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=sc.long_prefill_token_threshold,
+        reserve_full_isl=sc.reserve_full_isl and not v011,
+        watermark_blocks=0 if v011 else int(sc.watermark * num_gpu_blocks),
+        policy=sc.policy,
+        num_spec_tokens=k,
+        prefill_lookahead=0 if v011 else prefill_lookahead(config),
+    )
+
+
+def build_scheduler(config: EngineConfig, num_gpu_blocks: int, max_model_len: int) -> tuple[Scheduler, int]:
+    """A scheduler without host offload, and the hash lookahead its requests' BlockKeys need."""
+    kv = kv_cache_manager_for(config, num_gpu_blocks)
+    sampler = None
+    if config.speculative is not None:
+        sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
+    limits = scheduler_limits_for(config, num_gpu_blocks, max_model_len)
+    return Scheduler(limits, kv, sampler), kv.hash_lookahead

@@ -9,15 +9,17 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from replay.atomic import atomic_path
+from replay.atomic import atomic_path, refuse_inputs
 from replay.errors import TraceError
+from replay.files import require_regular_file
 
 from .columns import ms_to_iso
 from .detect import make_reader
 from .options import IngestOptions, OnError
 from .pipeline import Progress, canonical_batches, no_rows_error, resolve_lines, sort_by_arrival
+from .readers._decode import read_errors
 from .readers.base import Reader, ReaderInfo
-from .rejections import side_file_path, write_side_file
+from .rejections import remove_stale_side_file, side_file_path, write_side_file
 from .schema import TraceMetadata, is_canonical_trace, read_trace
 from .stats import trace_stats
 from .writer import TraceWriter, trace_schema_with, write_trace_table
@@ -64,6 +66,7 @@ def _metadata(path: Path, info: ReaderInfo, progress: Progress, sha: str, shift:
         source_sha256=sha,
         time_unit=info.time_unit,
         start_time=start,
+        arrival_offset_ms=None if progress.base_ms is None else progress.base_ms + shift,
         hash_block_size=info.hash_block_size,
         prefix_identity=info.prefix_identity,  # type: ignore[arg-type]
         tokenizer=info.tokenizer,
@@ -83,10 +86,10 @@ def _warnings(progress: Progress) -> list[str]:
 
 
 def _open(source: Path, opts: IngestOptions) -> tuple[Reader, ReaderInfo]:
-    if not source.exists():
-        raise TraceError("no such file", path=str(source))
-    reader = make_reader(source, opts)
-    return reader, reader.info()
+    require_regular_file(source, "trace file")
+    with read_errors(source):
+        reader = make_reader(source, opts)
+        return reader, reader.info()
 
 
 def convert(source: str | Path, dest: str | Path, *, format: str | None = None, block_size: int | None = None,
@@ -100,11 +103,12 @@ def convert(source: str | Path, dest: str | Path, *, format: str | None = None, 
     source, dest = Path(source), Path(dest)
     opts = _options(format=format, block_size=block_size, on_error=on_error, time_unit=time_unit,
                     mapping=mapping, tokenizer=tokenizer, drop_failed=drop_failed)
+    side = side_file_path(dest)
+    refuse_inputs(side, [source])
     reader, info = _open(source, opts)
     sha = file_sha256(source)
     progress = Progress()
-    side = side_file_path(dest)
-    with atomic_path(dest) as tmp:
+    with atomic_path(dest, inputs=[source]) as tmp:
         writer: TraceWriter | None = None
         try:
             for batch in canonical_batches(reader, info, opts, progress):
@@ -115,16 +119,19 @@ def convert(source: str | Path, dest: str | Path, *, format: str | None = None, 
             if writer is not None:
                 writer.close()
         if progress.rejections:
-            resolve_lines(reader, progress.rejections)
+            with read_errors(source):
+                resolve_lines(reader, progress.rejections)
             write_side_file(side, progress.rejections)
         if writer is None:
-            raise no_rows_error(reader, progress)
+            raise no_rows_error(reader, progress, side if progress.rejections else None)
         meta = _metadata(source, info, progress, sha)
         if progress.rows_out_of_order:
             table = pq.read_table(tmp)
-            table, shift = sort_by_arrival(table, info.rebase)
+            table, shift = sort_by_arrival(table)
             meta = _metadata(source, info, progress, sha, shift)
             write_trace_table(tmp, table, meta)
+    if not progress.rejections:
+        remove_stale_side_file(side)  # an earlier ingest's rejects would now describe rows we kept
     return IngestResult(
         rows_written=progress.rows_good,
         rows_rejected=len(progress.rejections),
@@ -145,7 +152,7 @@ def load_trace(path: str | Path, *, format: str | None = None, block_size: int |
     The returned table carries the ``replay.*`` metadata in its schema (so ``trace_stats`` knows the
     block size). With ``on_error='skip'`` rejected rows are left out (nothing is written to disk).
     """
-    path = Path(path)
+    path = require_regular_file(path, "trace file")
     if format in (None, "canonical") and is_canonical_trace(path):
         return read_trace(path)
     opts = _options(format=format, block_size=block_size, on_error=on_error, time_unit=time_unit,
@@ -158,7 +165,7 @@ def load_trace(path: str | Path, *, format: str | None = None, block_size: int |
     table = pa.concat_tables(batches)
     shift = 0
     if progress.rows_out_of_order:
-        table, shift = sort_by_arrival(table, info.rebase)
+        table, shift = sort_by_arrival(table)
     meta = _metadata(path, info, progress, file_sha256(path), shift)
     return table.cast(trace_schema_with(meta)), meta
 

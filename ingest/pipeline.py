@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from replay.errors import TraceError
 
 from .options import IngestOptions
+from .readers._decode import guarded
 from .readers.base import Reader, ReaderInfo
 from .rejections import Rejection
 from .schema import TRACE_SCHEMA
@@ -32,7 +33,7 @@ class Progress:
     rows_good: int = 0
     rows_dropped: int = 0
     rows_out_of_order: int = 0
-    base_ms: int | None = None  # subtracted from every time (rebased sources); 0 otherwise
+    base_ms: int | None = None  # subtracted from every time: the first batch's earliest (every trace is rebased)
     min_t: int | None = None
     max_t: int | None = None
     rejections: list[Rejection] = field(default_factory=list)
@@ -177,7 +178,7 @@ def canonical_batches(reader: Reader, info: ReaderInfo, opts: IngestOptions, pro
     sessions = _Sessions(info.sessions_from_parents)
     dedupe = None if info.generated_ids else _Dedupe()
     running_max: int | None = None
-    for staged, parse_rej in reader.batches():
+    for staged, parse_rej in guarded(reader.batches(), reader.path):
         progress.rows_read += staged.num_rows + len(parse_rej)
         good, rej, dropped = validate(staged, info, drop_failed=opts.drop_failed)
         rej = parse_rej + rej
@@ -202,7 +203,7 @@ def canonical_batches(reader: Reader, info: ReaderInfo, opts: IngestOptions, pro
             continue
         t = good.column("t_ms").to_numpy()
         if progress.base_ms is None:
-            progress.base_ms = int(t.min()) if info.rebase else 0
+            progress.base_ms = int(t.min())
         lo, hi = int(t.min()), int(t.max())
         progress.min_t = lo if progress.min_t is None else min(progress.min_t, lo)
         progress.max_t = hi if progress.max_t is None else max(progress.max_t, hi)
@@ -218,12 +219,12 @@ def canonical_batches(reader: Reader, info: ReaderInfo, opts: IngestOptions, pro
         yield to_canonical(good, progress.base_ms)
 
 
-def sort_by_arrival(table: pa.Table, rebase: bool) -> tuple[pa.Table, int]:
-    """Stable sort by arrival; for rebased sources shift so the earliest arrival is 0. Returns the shift."""
+def sort_by_arrival(table: pa.Table) -> tuple[pa.Table, int]:
+    """Stable sort by arrival, shifted so the earliest arrival is 0. Returns the shift."""
     order = pc.sort_indices(table, sort_keys=[("arrival_ms", "ascending")])
     table = table.take(order)
     shift = 0
-    if rebase and table.num_rows:
+    if table.num_rows:
         shift = int(table.column("arrival_ms")[0].as_py())
         if shift:
             idx = table.column_names.index("arrival_ms")
@@ -232,8 +233,9 @@ def sort_by_arrival(table: pa.Table, rebase: bool) -> tuple[pa.Table, int]:
     return table, shift
 
 
-def no_rows_error(reader: Reader, progress: Progress) -> TraceError:
+def no_rows_error(reader: Reader, progress: Progress, side_file: Path | None = None) -> TraceError:
     if progress.rows_read == 0:
         return TraceError("no rows in the file", path=str(reader.path))
+    where = f" (rejected rows and reasons: {side_file})" if side_file is not None else ""
     return TraceError(f"no usable rows: {progress.rows_read} read, {len(progress.rejections)} rejected, "
-                      f"{progress.rows_dropped} dropped", path=str(reader.path))
+                      f"{progress.rows_dropped} dropped{where}", path=str(reader.path))

@@ -40,6 +40,31 @@ def side_file_path(dest: str | Path) -> Path:
     return dest.with_name(dest.name + ".rejected.jsonl")
 
 
+_SIDE_KEYS = {"line", "row", "field", "reason", "record"}
+
+
+def is_our_side_file(path: Path) -> bool:
+    """True when every line of ``path`` is a rejection record as ``write_side_file`` writes them, so
+    removing it loses nothing of the user's (we remove a stale one after a clean re-ingest)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                obj = json.loads(line)
+                if not isinstance(obj, dict) or set(obj) != _SIDE_KEYS:
+                    return False
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return True
+
+
+def remove_stale_side_file(path: Path) -> bool:
+    """Remove a side file left by an earlier ingest to the same output, only if it is ours."""
+    if path.is_file() and not path.is_symlink() and is_our_side_file(path):
+        path.unlink()
+        return True
+    return False
+
+
 def write_side_file(path: Path, rejections: list[Rejection]) -> None:
     """One JSON object per rejected row, in source order, written atomically."""
     rejections = sorted(rejections, key=lambda r: (r.row, r.field))

@@ -50,6 +50,7 @@ class TraceMetadata(BaseModel):
     source_sha256: str | None = None
     time_unit: str
     start_time: str | None = None  # absolute ISO-8601 start time of the trace, when the source has it
+    arrival_offset_ms: int | None = None  # source time (ms, source clock) of arrival_ms 0: every trace is rebased
     hash_block_size: int | None = None  # tokens per hash id; None when there are no hash ids
     prefix_identity: PrefixIdentity
     tokenizer: str | None = None
@@ -94,7 +95,10 @@ def read_trace(path: str | Path) -> tuple[pa.Table, TraceMetadata]:
     except (OSError, pa.ArrowInvalid) as exc:
         raise TraceError(f"cannot read Parquet: {exc}", path=str(path)) from None
     meta = TraceMetadata.from_parquet_metadata(pf.schema_arrow.metadata, path)
-    table = pf.read()
+    try:
+        table = pf.read()
+    except (OSError, pa.ArrowException) as exc:  # a damaged data page: the footer alone read fine
+        raise TraceError(f"cannot read Parquet data: {exc}", path=str(path)) from None
     missing = [f.name for f in TRACE_SCHEMA if f.name not in table.column_names]
     if missing:
         raise TraceError(f"missing columns {missing}", path=str(path))

@@ -37,6 +37,13 @@ def block_size_hint(input_tokens: int, n_ids: int) -> str:
     return f"block sizes {lo}..{hi} would fit"
 
 
+# Times stay exact in the engine's float64 millisecond clock at microsecond resolution up to 2^42 ms
+# (float64 spacing there is 2^-10 ms < 1 us; 139 years). Every real clock in ms is below it (Unix epoch
+# ms in 2026: 1.8e12); a larger value is a wrong unit or corrupt (e.g. 1e18). Traces are also rebased
+# to their first arrival, so the engine's times are small whatever the source clock.
+MAX_TIME_MS = 2**42
+
+
 class _Problems:
     """Collects the first problem per row (index in the batch -> field, reason)."""
 
@@ -81,6 +88,12 @@ def validate(staged: pa.Table, info: ReaderInfo, drop_failed: bool = False) -> t
               lambda i: "missing timestamp (only a later turn of a session may give just a delay)")
     if not info.rebase:
         probs.add(t_valid & (t_vals < 0), name("t_ms"), lambda i: f"negative timestamp {t_vals[i]}")
+    probs.add(t_valid & (np.abs(t_vals) > MAX_TIME_MS), name("t_ms"),
+              lambda i: f"timestamp {t_vals[i]:,} ms is beyond 2^42 ms (139 years): a wrong --time-unit or a "
+                        "corrupt value (times must stay exact to the microsecond in the engine's float64 clock)")
+    if delay is not None:
+        probs.add(delay[1] & (np.abs(delay[0]) > MAX_TIME_MS), name("delay_ms"),
+                  lambda i: f"delay {delay[0][i]:,} ms is beyond 2^42 ms (139 years)")
 
     inp = _np(staged, "input_tokens")
     out = _np(staged, "output_tokens")
@@ -115,6 +128,12 @@ def validate(staged: pa.Table, info: ReaderInfo, drop_failed: bool = False) -> t
         ids_valid = np.asarray(ids.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
         if info.hash_ids_required:
             probs.add(~ids_valid, name("hash_ids"), lambda i: "missing hash ids")
+        flat = pc.list_flatten(ids)
+        if flat.null_count:  # a null inside the list: that block has no identity
+            has_null = np.zeros(n, dtype=bool)
+            parents = pc.list_parent_indices(ids).to_numpy()
+            has_null[parents[np.asarray(flat.is_null().to_numpy(zero_copy_only=False), dtype=bool)]] = True
+            probs.add(ids_valid & has_null, name("hash_ids"), lambda i: "null inside hash_ids (every id must be an integer)")
         bs = info.hash_block_size
         if bs:
             lens = pc.list_value_length(ids).fill_null(0).to_numpy()

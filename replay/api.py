@@ -20,12 +20,14 @@ import pyarrow as pa
 from engine.config import EngineConfig, load_config, validate_config
 from engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, STEPS_FILE
 from engine.run import replay_trace
-from engine.simulator import ProgressFn
+from engine.fleet import ProgressFn
 from ingest.schema import TraceMetadata, is_canonical_trace, read_trace
+from replay.files import require_regular_file
 
 
 def load_any_trace(path: str | Path, **ingest_options: Any) -> tuple[pa.Table, TraceMetadata]:
     """A canonical Parquet trace as is, or any file `replay ingest` reads, converted in memory."""
+    require_regular_file(path, "trace file")
     if is_canonical_trace(path):
         return read_trace(path)
     from ingest import load_trace

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import signal
+import sys
 
 import typer
 
@@ -28,6 +30,24 @@ _COMMAND_MODULES = (
     "steptime_cmd",
     "calibrate_cmd",
 )
+
+_SIGNAL_EXIT = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated")}
+
+
+def _stop(signum: int, _frame) -> None:
+    """Say so in one line, then unwind: SystemExit runs every ``finally``/``except BaseException``, so
+    the atomic writers remove their temp files, and Click does not turn it into "Aborted!"."""
+    code, word = _SIGNAL_EXIT[signum]
+    sys.stderr.write(f"replay: {word}; unfinished outputs are discarded, finished ones are unchanged\n")
+    raise SystemExit(code)
+
+
+@app.callback()
+def _install_signal_handlers(ctx: typer.Context) -> None:
+    """SIGINT (exit 130) and SIGTERM (exit 143) stop a command cleanly; handlers restored after it."""
+    previous = {sig: signal.signal(sig, _stop) for sig in _SIGNAL_EXIT}
+    ctx.call_on_close(lambda: [signal.signal(sig, old) for sig, old in previous.items()])
+
 
 for _name in _COMMAND_MODULES:
     importlib.import_module(f"replay.commands.{_name}").register(app)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 _SHOWN_LATENCY = ("ttft", "itl", "tpot", "e2e")
@@ -29,11 +30,14 @@ def print_run_summary(outdir: Path, info: dict, wall_s: float, console: Console)
 
     run = open_run(outdir)
     try:
-        rows = {row.key: row for row in headline(compute(run))}
+        metrics = compute(run)
+        rows = {row.key: row for row in headline(metrics)}
     finally:
         run.con.close()
-    lat = Table(title=f"Replay of {info['trace']['rows']:,} requests ({info['config']['model']}, "
-                      f"{info['config']['hardware']}) -> {outdir}", title_justify="left")
+    unknown = metrics.reuse.get("unknown")
+    replayed = info["trace"].get("replayed_rows", info["trace"]["rows"])
+    lat = Table(title=escape(f"Replay of {replayed:,} requests ({info['config']['model']}, "
+                             f"{info['config']['hardware']}) -> {outdir}"), title_justify="left")
     lat.add_column("latency (ms)")
     for p in _SHOWN_PCTS:
         lat.add_column(p, justify="right")
@@ -45,9 +49,17 @@ def print_run_summary(outdir: Path, info: dict, wall_s: float, console: Console)
     for key in _SHOWN_OTHER:
         if key in rows:
             row = rows[key]
+            if unknown and key.endswith("hit_ratio"):
+                other.add_row(row.label, f"unknown ({unknown})", "")
+                continue
             other.add_row(row.label, _fmt(row.value, row.unit), row.unit if row.unit not in ("count", "ratio") else "")
+    fleet = metrics.fleet
+    if fleet is not None:
+        other.add_row("Fleet", f"{fleet['replicas']} x {escape(str(fleet['router']))}", "replicas x router")
+        if fleet["busy_imbalance"] is not None:
+            other.add_row("Load imbalance", f"{fleet['busy_imbalance']:.3f}", "max / mean busy")
     other.add_row("Simulated span", f"{info['simulated_span_ms'] / 1000:,.1f}", "s")
     other.add_row("Wall time", f"{wall_s:,.2f}", "s")
     console.print(other)
     for w in info.get("warnings", []):
-        console.print(f"[yellow]warning:[/] {w}")
+        console.print(f"[yellow]warning:[/] {escape(str(w))}", highlight=False)

@@ -196,6 +196,10 @@ def report_charts(outdir: Path, m: RunMetrics, *, with_cpu: bool) -> dict[str, P
     }
     if m.reuse_by_turn:
         charts["reuse_by_turn"] = reuse_by_turn(outdir / "reuse_by_turn.png", m.reuse_by_turn, with_cpu)
+    if m.fleet is not None:
+        from reports.fleet import fleet_load_chart
+
+        charts["fleet_load"] = fleet_load_chart(outdir / "fleet_load.png", m.fleet, m.bucket_ms)
     return charts
 
 

@@ -21,9 +21,10 @@ from replay.errors import ReplayError
 from reports.bootstrap import CI_LEVEL, QUANTILE, PairedChange, paired_bootstrap
 from reports.charts import diff_charts, turn_label
 from reports.configdiff import differing
+from reports.fleet import fleet_diff_lines
 from reports.fmt import DASH, change, md_table, num
 from reports.metrics import Row, RunMetrics, compute, headline, share_ideal
-from reports.report import charts_dir_for
+from reports.report import charts_dir_for, check_report_outputs, run_files
 from reports.slo import Slo
 from reports.sqlfiles import sql
 from reports.views import VIEW_SQL, Run, _literal, open_run
@@ -150,7 +151,8 @@ def diff_runs(dir_a: str | Path, dir_b: str | Path, *, slo: Slo | None = None, n
     share_ideal(mb, ma)
     return DiffResult(
         names=names, dirs=(Path(dir_a), Path(dir_b)), metrics=(ma, mb), comparisons=compare(ma, mb),
-        config_changes=differing(a.info.get("config") or {}, b.info.get("config") or {}),
+        config_changes=sorted(differing(a.info.get("config") or {}, b.info.get("config") or {}),
+                              key=lambda row: not row[0].startswith("fleet")),  # fleet keys first
         pair_counts=counts, paired=paired, top_requests=top_req, top_sessions=top_sess, infos=(a.info, b.info),
     )
 
@@ -179,7 +181,9 @@ def render_diff(d: DiffResult, charts: dict[str, str]) -> str:
                        [nb, f"`{d.dirs[1]}`", (d.infos[1].get("config") or {}).get("model", "?")]], "lll"),
              "", f"Both replayed `{trace.get('path', '?')}` ({num(trace.get('rows'), 'count')} rows, fingerprint "
              f"`{str(trace.get('fingerprint', '?'))[:16]}...`). Changes are {nb} - {na}; relative changes are "
-             f"against {na}.", "", "## Verdict", ""]
+             f"against {na}.", ""]
+    lines += fleet_diff_lines(d.names, d.metrics, d.infos)
+    lines += ["## Verdict", ""]
     lines += verdict_lines(d) + [""]
     lines += ["## Config differences", ""]
     if d.config_changes:
@@ -308,17 +312,20 @@ def _total(t: dict[str, Any] | None) -> float | None:
 
 def write_diff(d: DiffResult, markdown: str | Path, *, charts: bool = True, json_path: str | Path | None = None) -> DiffResult:
     markdown = Path(markdown)
+    traces = [(info.get("trace") or {}).get("path") for info in d.infos]
+    inputs = run_files(d.dirs[0]) + run_files(d.dirs[1]) + traces
+    check_report_outputs(markdown, json_path, charts, inputs, [*d.dirs, *traces])
     rel: dict[str, str] = {}
     if charts:
         final_dir = charts_dir_for(markdown)
-        with atomic_dir(final_dir) as tmp:
+        with atomic_dir(final_dir, inputs=[*d.dirs, *traces], kind="diff charts") as tmp:
             made = diff_charts(tmp, d.metrics[0], d.metrics[1], d.names)
         d.charts = {k: final_dir / p.name for k, p in made.items()}
         rel = {k: f"{final_dir.name}/{p.name}" for k, p in made.items()}
-    write_text_atomic(markdown, render_diff(d, rel))
+    write_text_atomic(markdown, render_diff(d, rel), inputs)
     d.markdown = markdown
     if json_path is not None:
-        write_json_atomic(json_path, {
+        write_json_atomic(json_path, inputs=inputs, obj={
             "names": list(d.names), "dirs": [str(p) for p in d.dirs],
             "a": d.metrics[0].to_json(), "b": d.metrics[1].to_json(),
             "config_changes": [{"key": k, "a": va, "b": vb} for k, va, vb in d.config_changes],

@@ -13,9 +13,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from reports.fleet import fleet_metrics
 from reports.slo import Slo
 from reports.sqlfiles import sql
-from reports.views import Run, build_trace_ideal
+from reports.views import Run, build_trace_ideal, query_errors
 
 # Summary percentiles (vllm bench serve reports p50/p90/p95/p99), exact (numpy.percentile, linear).
 SUMMARY_PERCENTILES = (50, 90, 95, 99)
@@ -67,6 +68,7 @@ class RunMetrics:
     keeping_up: dict[str, Any]
     status: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
+    fleet: dict[str, Any] | None = None  # reports/fleet.py; runs with a fleet config only
 
     def to_json(self) -> dict[str, Any]:
         return _clean(asdict(self))
@@ -144,7 +146,27 @@ def nice_bucket_ms(span_ms: float) -> float:
 
 def compute(run: Run, slo: Slo | None = None, *, with_ideal: bool = True) -> RunMetrics:
     """All metrics of one run. ``with_ideal=False`` skips the infinite-cache ideal (``ideal`` None, no
-    ideal by turn): the diff computes it for one run and gives it to the other with ``share_ideal``."""
+    ideal by turn): the diff computes it for one run and gives it to the other with ``share_ideal``.
+    A damaged output file is named in a ``ReplayError`` (``query_errors``)."""
+    with query_errors(run):
+        return _compute(run, slo, with_ideal)
+
+
+NO_PREFIX_IDS = "the trace has no prefix ids"
+
+
+def _reuse(run: Run) -> dict[str, Any]:
+    """Prefix-cache hits; on a trace without prefix ids the ratios are unknown (None), not zero: the
+    replay could not share blocks it cannot identify, which says nothing about the real traffic."""
+    reuse = _one(run, "reuse")
+    if run.trace_meta is not None and not run.has_prefix_ids:
+        for key in ("gpu_hit_ratio", "cpu_hit_ratio", "total_hit_ratio"):
+            reuse[key] = None
+        reuse["unknown"] = NO_PREFIX_IDS
+    return reuse
+
+
+def _compute(run: Run, slo: Slo | None, with_ideal: bool) -> RunMetrics:
     probs = list(PROBS)
     lat = _one(run, "latency", probs=probs)
     run.con.execute(sql("itl_samples"))
@@ -169,7 +191,7 @@ def compute(run: Run, slo: Slo | None = None, *, with_ideal: bool = True) -> Run
         goodput=goodput,
         slo=slo.as_dict() if slo is not None else {},
         preemptions=_one(run, "preemptions"),
-        reuse=_one(run, "reuse"),
+        reuse=_reuse(run),
         ideal=ideal,
         reuse_by_turn=_rows(run, "reuse_by_turn", turn_cap=TURN_CAP),
         mtp=_one(run, "mtp"),
@@ -180,6 +202,7 @@ def compute(run: Run, slo: Slo | None = None, *, with_ideal: bool = True) -> Run
         keeping_up=_one(run, "keeping_up"),
         status=_rows(run, "status"),
     )
+    metrics.fleet = fleet_metrics(run, bucket_ms, run.trace_path is not None and run.has_prefix_ids)
     metrics.warnings = _warnings(run, metrics)
     return metrics
 

@@ -14,6 +14,7 @@ import yaml
 from engine.config import EngineConfig
 from reports.charts import turn_label
 from reports.configdiff import differing
+from reports.fleet import fleet_section
 from reports.fmt import DASH, md_table, num
 from reports.metrics import LATENCIES, SUMMARY_PERCENTILES, TURN_CAP, RunMetrics, falling_behind
 
@@ -70,9 +71,13 @@ def percentile_table(m: RunMetrics) -> str:
 
 def _reuse_section(m: RunMetrics, chart: str | None) -> list[str]:
     r, out = m.reuse, ["## Prefix reuse", ""]
-    rows = [["GPU prefix-cache hits", num(r["gpu_hit_tokens"], "count"), num(r["gpu_hit_ratio"], "ratio")],
-            ["CPU (G2) hits", num(r["cpu_hit_tokens"], "count"), num(r["cpu_hit_ratio"], "ratio")],
-            ["total", num(r["gpu_hit_tokens"] + r["cpu_hit_tokens"], "count"), num(r["total_hit_ratio"], "ratio")]]
+
+    def ratio(key: str) -> str:
+        return f"unknown ({r['unknown']})" if r.get("unknown") else num(r[key], "ratio")
+
+    rows = [["GPU prefix-cache hits", num(r["gpu_hit_tokens"], "count"), ratio("gpu_hit_ratio")],
+            ["CPU (G2) hits", num(r["cpu_hit_tokens"], "count"), ratio("cpu_hit_ratio")],
+            ["total", num(r["gpu_hit_tokens"] + r["cpu_hit_tokens"], "count"), ratio("total_hit_ratio")]]
     if m.ideal is not None:
         rows.append(["ideal: infinite cache, replayed rows", num(m.ideal["ideal_hit_tokens"], "count"),
                      num(m.ideal["ideal_hit_ratio"], "ratio")])
@@ -198,6 +203,8 @@ def render_report(m: RunMetrics, info: dict[str, Any], outdir: Path, charts: dic
         if name in charts:
             lines += [f"![{alt}]({charts[name]})", ""]
     lines += _reuse_section(m, charts.get("reuse_by_turn")) + [""]
+    if m.fleet is not None:
+        lines += fleet_section(m.fleet, m.reuse, m.ideal, charts.get("fleet_load"))
     lines += _scheduler_section(m, info) + [""]
     lines += ["## Over time", "", keeping_up_text(m), ""]
     for name, alt in (("latency_over_time", "Latency over time"), ("queue_depth", "Queue depth over time"),

@@ -34,6 +34,12 @@ class Sweep:
     axes: list[str]                       # the grid keys, in grid order (plan: the other keys, then --vary)
     has_plan: bool                        # the `plan` view exists
     notes: list[str] = field(default_factory=list)
+    trace_path: Path | None = None        # no `trace` view: what `replay sql` may read is the sweep dir only
+
+    @property
+    def outdir(self) -> Path:
+        """The directory `replay sql`'s read-only lock-down (reports.adhoc) confines queries to."""
+        return self.root
 
 
 def _literal(text: str) -> str:

@@ -7,7 +7,9 @@ loaded into memory until a query needs it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,9 @@ from reports.sqlfiles import sql
 OUTPUT_VIEWS = {"requests": (REQUESTS_FILE, REQUESTS_SCHEMA), "chunks": (CHUNKS_FILE, CHUNKS_SCHEMA),
                 "steps": (STEPS_FILE, STEPS_SCHEMA)}
 VIEW_SQL = "CREATE OR REPLACE VIEW {name} AS SELECT {columns} FROM read_parquet({path}{options})"
+# A single-engine run has no `replica` column; its views get one, so every query sees a fleet of one.
+SINGLE_REPLICA_COLUMN = {"requests": "*, CASE WHEN status = 'rejected' THEN NULL ELSE 0 END::INTEGER AS replica",
+                         "steps": "*, 0::INTEGER AS replica"}
 LOCAL_TRACE = "trace.parquet"
 
 
@@ -74,8 +79,9 @@ def read_run_json(outdir: Path) -> dict[str, Any]:
     return info
 
 
-def _check_columns(path: Path, schema) -> None:
-    """Fail early, naming the file and the column, when an output file is not what we expect."""
+def _check_columns(path: Path, schema) -> list[str]:
+    """Fail early, naming the file and the column, when an output file is not what we expect;
+    returns the file's column names."""
     if not path.is_file():
         raise ReplayError(f"{path}: missing (the replay output is incomplete)")
     try:
@@ -85,17 +91,41 @@ def _check_columns(path: Path, schema) -> None:
     missing = [f.name for f in schema if f.name not in have.names]
     if missing:
         raise ReplayError(f"{path}: field '{missing[0]}' missing (columns {missing} are required)")
+    return have.names
+
+
+def _trace_fingerprint(path: Path) -> str:
+    """The content fingerprint ``replay run`` records (engine.run._fingerprint over the canonical table)."""
+    from engine.run import _fingerprint
+    from ingest.schema import read_trace
+
+    table, _ = read_trace(path)
+    return _fingerprint(table)
 
 
 def _find_trace(outdir: Path, info: dict[str, Any], notes: list[str]) -> Path | None:
+    """The trace this run replayed: ``trace.path``, else ``OUTDIR/trace.parquet`` (a copied OUTDIR),
+    accepted only when its content fingerprint is the one run.json recorded."""
     trace = info.get("trace") or {}
+    recorded = trace.get("fingerprint")
     candidates = []
     if trace.get("path"):
         candidates.append(Path(trace["path"]))
     candidates.append(outdir / LOCAL_TRACE)
-    for path in candidates:
-        if path.is_file():
+    differing = []
+    for path in dict.fromkeys(candidates):
+        if not path.is_file():
+            continue
+        if not recorded:
+            notes.append(f"run.json records no trace fingerprint: the trace at {path} is used unverified")
             return path
+        if _trace_fingerprint(path) == recorded:
+            return path
+        differing.append(str(path))
+    if differing:
+        notes.append(f"the trace at {' and '.join(differing)} is not the one replayed (its fingerprint differs from "
+                     "run.json's): the `trace` view and the infinite-cache reuse are unavailable")
+        return None
     notes.append(f"trace not found at {trace.get('path') or '(run.json has no trace.path)'}: "
                  "the `trace` view and the infinite-cache reuse are unavailable")
     return None
@@ -108,8 +138,9 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
     con = con if con is not None else duckdb.connect()
     for name, (filename, schema) in OUTPUT_VIEWS.items():
         path = outdir / filename
-        _check_columns(path, schema)
-        con.execute(VIEW_SQL.format(name=name, columns="*", path=_literal(path.resolve()), options=""))
+        names = _check_columns(path, schema)
+        columns = SINGLE_REPLICA_COLUMN.get(name, "*") if "replica" not in names else "*"
+        con.execute(VIEW_SQL.format(name=name, columns=columns, path=_literal(path.resolve()), options=""))
     notes: list[str] = []
     trace_path = _find_trace(outdir, info, notes)
     meta = None
@@ -141,6 +172,30 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
     con.execute("CREATE OR REPLACE VIEW run_window AS " + sql("run_window"))
     con.execute("CREATE OR REPLACE VIEW itl_gaps AS " + sql("itl_gaps"))
     return Run(outdir=outdir, info=info, con=con, trace_path=trace_path, trace_meta=meta, notes=notes)
+
+
+def _damaged(path: Path) -> str | None:
+    """Why ``path`` cannot be read through (streamed batch by batch), or None if it reads fine."""
+    try:
+        for _ in pq.ParquetFile(path).iter_batches(batch_size=1 << 16):
+            pass
+    except Exception as exc:  # pyarrow raises OSError, ArrowInvalid and others for damaged pages
+        return " ".join(str(exc).split()) or type(exc).__name__
+    return None
+
+
+@contextlib.contextmanager
+def query_errors(run: Run) -> Iterator[None]:
+    """A DuckDB failure while reading the run becomes one line naming the damaged file when there is one."""
+    try:
+        yield
+    except duckdb.Error as exc:
+        files = [run.outdir / f for f, _ in OUTPUT_VIEWS.values()] + ([run.trace_path] if run.trace_path else [])
+        for path in files:
+            why = _damaged(path)
+            if why is not None:
+                raise ReplayError(f"{path}: damaged Parquet file, cannot read its data ({why})") from None
+        raise ReplayError(f"{run.outdir}: query failed: {' '.join(str(exc).split())}") from None
 
 
 def build_trace_ideal(run: Run, *, empty: bool = False) -> bool:

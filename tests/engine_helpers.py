@@ -13,20 +13,28 @@ from ingest.schema import TRACE_SCHEMA, TraceMetadata
 
 
 class FixedTimer:
-    """Every step takes ``ms`` (plus ``per_token_ms`` per scheduled token): easy to check by hand."""
+    """Every step takes ``ms`` (plus ``per_token_ms`` per scheduled token, plus ``per_ctx_ms`` per
+    token of attention context): easy to check by hand.
+
+    ``per_ctx_ms`` makes the time depend on the step's context (prefill context + decode context),
+    as real attention does; equivalence tests need it, or a fast path that times a step with the
+    wrong context (say, one step early) would produce the same bytes and pass.
+    """
 
     host_overhead_ms = 0.0
     uncalibrated: list[str] = []
 
-    def __init__(self, ms: float = 10.0, per_token_ms: float = 0.0) -> None:
+    def __init__(self, ms: float = 10.0, per_token_ms: float = 0.0, per_ctx_ms: float = 0.0) -> None:
         self.ms = ms
         self.per_token_ms = per_token_ms
+        self.per_ctx_ms = per_ctx_ms
         self.calls: list[tuple] = []
 
     def step_ms(self, *args) -> float:
         self.calls.append(args)
         tokens = args[1] + args[5]
-        return self.ms + self.per_token_ms * tokens
+        context = args[2] + args[6]
+        return self.ms + self.per_token_ms * tokens + self.per_ctx_ms * context
 
     def breakdown(self, shape: StepShape) -> StepBreakdown:
         return StepBreakdown(step_ms=self.ms, host_overhead_ms=0.0)

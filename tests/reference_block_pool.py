@@ -21,7 +21,8 @@ _second = itemgetter(1)
 class PerBlockPool:
     """One free-queue entry per block; the prefix-cache key map (cached, dups) is BlockPool's own."""
 
-    __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "num_evictions")
+    __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "num_evictions",
+                 "uncached_first")
 
     @property
     def num_free(self) -> int:
@@ -36,6 +37,7 @@ class PerBlockPool:
         self.dups: dict[int, list[int]] = {}  # key -> further copies (rare)
         self.free_queue: OrderedDict[int, int | None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
         self.num_evictions = 0
+        self.uncached_first = True
 
     def get_num_free_blocks(self) -> int:
         return len(self.free_queue)
@@ -97,10 +99,17 @@ class PerBlockPool:
 
     def free_blocks(self, blocks_in_eviction_order: list[int], keys: list[int], num_uncached: int,
                     num_private: int) -> None:
-        """As engine.block_pool.BlockPool.free_blocks, one free-queue entry per block."""
-        keys = [None] * num_uncached + [0] * num_private + list(keys)
-        extra = self.extra_refs
+        """As engine.block_pool.BlockPool.free_blocks, one free-queue entry per block: blocks
+        without a hash to the head (reused first, in the given order), cached ones to the tail."""
         fq = self.free_queue
+        uncached = blocks_in_eviction_order[:num_uncached]
+        for b in reversed(uncached) if self.uncached_first else uncached:  # never shared
+            fq[b] = None
+            if self.uncached_first:
+                fq.move_to_end(b, last=False)
+        blocks_in_eviction_order = blocks_in_eviction_order[num_uncached:]
+        keys = [0] * num_private + list(keys)
+        extra = self.extra_refs
         shared = extra.keys() & blocks_in_eviction_order if extra else None
         if not shared:
             fq.update(zip(blocks_in_eviction_order, keys))

@@ -11,7 +11,6 @@ flight at the end. Values are plausible, not physical: the reports only need the
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,6 +187,14 @@ def _config_dump(spec: RunSpec) -> dict:
     return EngineConfig.model_validate(data).model_dump(mode="json")
 
 
+def _trace_fingerprint(path: Path) -> str:
+    """What `replay run` records: the content fingerprint of the canonical table (engine.run)."""
+    from engine.run import _fingerprint
+    from ingest.schema import read_trace
+
+    return _fingerprint(read_trace(path)[0])
+
+
 def write_run(outdir: Path, trace_path: Path, spec: RunSpec = RunSpec()) -> Path:
     """Write a replay OUTDIR for the trace at ``trace_path`` (which the run.json points to)."""
     outdir = Path(outdir)
@@ -323,7 +330,7 @@ def write_run(outdir: Path, trace_path: Path, spec: RunSpec = RunSpec()) -> Path
         "config": _config_dump(spec),
         "trace": {
             "path": str(trace_path),
-            "fingerprint": hashlib.sha256(trace_path.read_bytes()).hexdigest(),
+            "fingerprint": _trace_fingerprint(trace_path),
             "rows": n,
             "metadata": meta.model_dump(mode="json"),
         },

@@ -91,3 +91,21 @@ def test_python_api_returns_dataframes(small_trace, tmp_path):
     assert again.requests.arrival_ms.tolist() == result.requests.arrival_ms.tolist()
     assert len(result.chunks) == result.requests.output_tokens.sum()
     assert len(result.steps) == result.info["totals"]["steps"]
+
+
+@pytest.mark.parametrize("text", ["0.33", "0.11", "'0.33'"])
+def test_semantics_version_given_as_a_yaml_number(text, tmp_path):
+    from engine.config import load_config
+
+    assert load_config(None, [f"semantics={text}"]).semantics == text.strip("'")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"semantics: {text}\n")
+    assert load_config(cfg).semantics == text.strip("'")
+
+
+def test_unknown_semantics_version_is_named():
+    from engine.config import load_config
+    from replay.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="semantics"):
+        load_config(None, ["semantics=0.2"])

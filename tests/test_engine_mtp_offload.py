@@ -84,23 +84,52 @@ def test_expected_accepted_tokens_conversion():
         rates_from_expected(2.5, 2)
 
 
+def _mtp_model(tmp_path, layers: int) -> str:
+    """A DeepSeek-V3 config.json with ``layers`` MTP modules (num_nextn_predict_layers)."""
+    import json
+
+    from bench.vllm_parity.model_configs import DEEPSEEK_V3
+
+    path = tmp_path / f"mtp{layers}.json"
+    path.write_text(json.dumps({**DEEPSEEK_V3, "num_nextn_predict_layers": layers}))
+    return str(path)
+
+
 def test_mtp_prefix_rules_033_lookahead_and_011_drop(tmp_path):
     # Identical prompts. A block j hits when it ends before the last token ((j+1)*16 <= n - 1) and,
-    # with 0.33 lookahead hashes (k = 2), when its next 2 tokens exist too ((j+1)*16 + 2 <= n).
-    # 49 tokens: plain (48)//16 = 3 blocks; 0.33 min(3, (49-2)//16 = 2) = 2; 0.11 drops the last: 2.
-    # 50 tokens: the lookahead tokens exist, so 0.33 hits 3 blocks like plain; 0.11 still drops one.
+    # with 0.33 lookahead hashes, when its next L tokens exist too ((j+1)*16 + L <= n). vLLM 0.33
+    # num_prefill_lookahead_tokens: L = 1 for a single-layer MTP head (never fewer hits than plain),
+    # L = k for a multi-layer one (k = 2 here).
+    # 49 tokens: plain (48)//16 = 3 blocks; 1 layer min(3, 48//16) = 3; 2 layers min(3, 47//16 = 2) = 2;
+    # 0.11 drops the last: 2. 50 tokens: the two lookahead tokens exist, so 2 layers hits 3 blocks.
     def rows(n):
         return [dict(input_tokens=n, output_tokens=1, hash_ids=[1, 2, 3, 4]),
                 dict(arrival_ms=100, input_tokens=n, output_tokens=1, hash_ids=[1, 2, 3, 4])]
 
-    expected = {49: (48, 32, 32), 50: (48, 48, 32)}
-    for n, (want_plain, want_033, want_011) in expected.items():
+    one, two = _mtp_model(tmp_path, 1), _mtp_model(tmp_path, 2)
+    expected = {49: (48, 48, 32, 32), 50: (48, 48, 48, 32)}
+    for n, want in expected.items():
         plain, _, _, _ = run_small(rows(n), tmp_path / f"a{n}", num_gpu_blocks=64, config={"scheduler": BIG})
-        v033, _, _, _ = run_small(rows(n), tmp_path / f"b{n}", num_gpu_blocks=64, config=mtp([0.5, 0.5]))
+        v1, _, _, _ = run_small(rows(n), tmp_path / f"b{n}", num_gpu_blocks=64,
+                                config={**mtp([0.5, 0.5]), "model": one})
+        v2, _, _, _ = run_small(rows(n), tmp_path / f"d{n}", num_gpu_blocks=64,
+                                config={**mtp([0.5, 0.5]), "model": two})
         v011, _, _, _ = run_small(rows(n), tmp_path / f"c{n}", num_gpu_blocks=64,
                                   config={**mtp([0.5, 0.5]), "semantics": "0.11"})
-        assert (plain.cached_tokens[1], v033.cached_tokens[1], v011.cached_tokens[1]) == (
-            want_plain, want_033, want_011), n
+        got = (plain.cached_tokens[1], v1.cached_tokens[1], v2.cached_tokens[1], v011.cached_tokens[1])
+        assert got == want, n
+
+
+def test_mtp_prefill_chunk_keeps_clear_of_the_prompt_end(tmp_path):
+    # vLLM 0.33 _reserve_prefill_lookahead with a 3-layer MTP head (k = 3): a chunk may not end 1 or
+    # 2 tokens before the prompt end. Budget 48, prompt 50: the first chunk would leave 2 tokens, so
+    # it shrinks to 47 and the rest (3 tokens) follows. A 1-layer head (lookahead 1) is unaffected.
+    rows = [dict(input_tokens=50, output_tokens=1, hash_ids=[1, 2, 3, 4])]
+    for layers, want in ((3, [47, 3]), (1, [48, 2])):
+        _, _, steps, _ = run_small(rows, tmp_path / f"l{layers}", num_gpu_blocks=64,
+                                   config={**mtp([0.5, 0.5, 0.5], max_num_batched_tokens=48),
+                                           "model": _mtp_model(tmp_path, layers)})
+        assert list(steps.prefill_tokens) == want, layers
 
 
 # --------------------------------------------------------------------------- G2 host offload
@@ -219,3 +248,14 @@ def test_blocks_being_loaded_are_not_gpu_hits_until_the_load_completes(tmp_path)
     r, b = reqs.loc["r2"], reqs.loc["r3"]
     assert (r.cached_tokens, r.cpu_hit_tokens) == (16, 31)
     assert (b.cached_tokens, b.cpu_hit_tokens) == (16, 31)
+
+
+def test_mtp_under_the_offload_connector_keeps_legacy_hashes_and_drops_the_last_hit(tmp_path):
+    # vLLM 0.33 VllmConfig.num_hash_lookahead_tokens is 0 under a KV connector, so MTP falls back to
+    # dropping the last hit block. 49 identical tokens: 3 blocks hit without the connector, 2 with.
+    rows = [dict(input_tokens=49, output_tokens=1, hash_ids=[1, 2, 3, 4]),
+            dict(arrival_ms=100, input_tokens=49, output_tokens=1, hash_ids=[1, 2, 3, 4])]
+    plain, _, _, _ = run_small(rows, tmp_path / "a", num_gpu_blocks=64, config=mtp([0.5, 0.5]))
+    g2, _, _, _ = run_small(rows, tmp_path / "b", num_gpu_blocks=64,
+                            config={**mtp([0.5, 0.5]), "host_offload": offload()})
+    assert (plain.cached_tokens[1], g2.cached_tokens[1]) == (48, 32)

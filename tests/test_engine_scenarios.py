@@ -105,11 +105,20 @@ def test_budget_sharing_running_first(tmp_path):
 
 
 def test_long_prefill_threshold_caps_chunks(tmp_path):
-    rows = [dict(input_tokens=100, output_tokens=1)]
+    rows = [dict(input_tokens=100, output_tokens=1), dict(input_tokens=100, output_tokens=1)]
     _, _, steps, _ = run_small(rows, tmp_path, num_gpu_blocks=64,
                                config={"scheduler": {"max_num_batched_tokens": 1000,
                                                      "long_prefill_token_threshold": 40}})
-    assert list(steps.prefill_tokens) == [40, 40, 20]
+    assert list(steps.prefill_tokens) == [80, 80, 40]
+
+
+def test_long_prefill_threshold_is_off_for_a_lone_request(tmp_path):
+    # vLLM 0.33 schedule(): with one eligible request there is nobody to protect.
+    rows = [dict(input_tokens=100, output_tokens=1)]
+    _, _, steps, _ = run_small(rows, tmp_path / "a", num_gpu_blocks=64,
+                               config={"scheduler": {"max_num_batched_tokens": 1000,
+                                                     "long_prefill_token_threshold": 40}})
+    assert list(steps.prefill_tokens) == [100]
 
 
 def test_head_of_line_blocking(tmp_path):

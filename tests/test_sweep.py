@@ -244,3 +244,21 @@ def test_set_overrides_the_base_config(tmp_path):
                                 overrides=["load.max_requests=10"])
     (res,) = session.run_points(product(parse_axes(["scheduler.max_num_seqs=8"])))
     assert res.config["load"]["max_requests"] == 10 and res.metrics["completed"] == 10
+
+
+def test_gpus_are_fleet_replicas_times_tensor_parallel_size(tmp_path):
+    session = SweepSession.open(SAMPLE, None, tmp_path / "s", parse_sweep_slo(None), SweepOptions(workers=1),
+                                overrides=["load.max_requests=30"])
+    axes = parse_axes(["fleet.replicas=1,2", "tensor_parallel_size=1,2"])
+    results = session.run_points(product(axes))
+    assert [r.metrics["gpus"] for r in results] == [1, 2, 2, 4]
+    for r in results:
+        m = r.metrics
+        assert m["output_throughput_per_gpu"] == pytest.approx(m["output_throughput"] / m["gpus"], rel=1e-15)
+
+
+def test_sql_on_a_sweep_reads_the_sweep_directory_only(swept, tmp_path):
+    outside = tmp_path / "x.csv"
+    outside.write_text("a\n1\n")
+    res = CliRunner().invoke(app, ["sql", str(swept), f"SELECT * FROM read_csv('{outside}')"])
+    assert res.exit_code == 2 and "Traceback" not in res.output

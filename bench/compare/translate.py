@@ -179,6 +179,16 @@ def translate(cfg: EngineConfig, traffic: PeerTraffic) -> Translation:
     if cfg.max_model_len is not None:
         engine["context_length"] = cfg.max_model_len
 
+    fleet = cfg.fleet
+    if fleet is not None:
+        if fleet.router != "round_robin" and fleet.replicas > 1:
+            raise _refuse("fleet.router", fleet.router,
+                          "AISimulate's parallelism.replicas spreads requests round robin; compare round_robin only")
+        if fleet.router_latency_ms:
+            raise _refuse("fleet.router_latency_ms", fleet.router_latency_ms, "AISimulate has no router latency")
+        engine["workers"]["aggregated"]["parallelism"]["replicas"] = fleet.replicas
+        notes.append(f"fleet: {fleet.replicas} replicas, round robin (AISimulate parallelism.replicas)")
+
     spec = cfg.speculative
     if spec is not None:
         if spec.acceptance_rates is not None:

@@ -17,6 +17,8 @@ checks the two agree.
 
 from __future__ import annotations
 
+import numpy as np
+
 from dataclasses import dataclass, fields
 
 from engine.hardware import HardwareProfile
@@ -194,6 +196,29 @@ class RooflineTimer:
             t += self._drafter_ms(num_prefill_reqs, T, prefill_attn_work, prefill_ctx_tokens,
                                   num_decode_reqs, decode_ctx_tokens, num_spec_passes)
         return t + self.host_overhead_ms
+
+    def decode_steps_ms(self, nrun: int, ctx0: int, count: int) -> np.ndarray:
+        """``step_ms`` of ``count`` decode-only steps of ``nrun`` requests (one token each, no
+        drafts) whose decode context starts at ``ctx0`` and grows by ``nrun`` a step: the decode
+        windows' steps. The same operations in the same order as ``step_ms``, on arrays, so every
+        element is bit-identical to the scalar call (tests/test_timing_roofline.py checks it)."""
+        T = nrun
+        body = self._body
+        t = body.c_tok * T
+        if t < body.t_mem:
+            t = body.t_mem
+        if body.n_exp:
+            te = T * body.c_tok_exp
+            tm = body.n_exp * (1.0 - body.keep ** T) * body.t_exp
+            t += te if te > tm else tm
+        lm = nrun * self._lm_c
+        t += lm if lm > self._lm_t else self._lm_t
+        ctx = np.arange(ctx0, ctx0 + count * nrun, nrun, dtype=np.int64)[:count]
+        dm = ctx * self._kv_c
+        dc = ctx * nrun / nrun * self._da_c
+        out = t + np.where(dm > dc, dm, dc)
+        out += self._ar_lat + T * self._ar_c + self._layer_ms
+        return out + self.host_overhead_ms
 
     def _drafter_ms(self, num_prefill_reqs: int, T: int, prefill_attn_work: int, prefill_ctx_tokens: int,
                     num_decode_reqs: int, decode_ctx_tokens: int, k: int) -> float:

@@ -44,6 +44,16 @@ def json_objects(path: Path, skip: int = 0) -> Iterator[tuple[int, int, dict | N
             if record < skip:
                 continue
             try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                from ._decode import field_with_bad_utf8
+
+                yield record, lineno, None, Rejection(
+                    record, field_with_bad_utf8(raw) or "<json>",
+                    f"invalid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})", lineno,
+                    {"text": raw.decode("utf-8", "replace")[:200]})
+                continue
+            try:
                 obj = json.loads(raw)
             except ValueError as exc:
                 yield record, lineno, None, Rejection(record, "<json>", f"invalid JSON: {exc}", lineno,
@@ -61,6 +71,7 @@ def first_record(path: Path) -> dict[str, Any] | None:
     with open_binary(path) as fh:
         for raw in fh:
             if raw.strip():
+                raw.decode("utf-8")  # UnicodeDecodeError: the caller names the line (readers._decode)
                 try:
                     obj = json.loads(raw)
                 except ValueError:
@@ -105,6 +116,15 @@ def _coerce(value: Any, typ: pa.DataType) -> tuple[Any, str | None]:
     raise TypeError(typ)
 
 
+def _utf8_checked(table: pa.Table) -> pa.Table:
+    """pyarrow's JSON reader copies string bytes unchecked: invalid UTF-8 raises ArrowInvalid here, so
+    the per-line reader takes over and names the line and field."""
+    for col in table.columns:
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            col.validate(full=True)
+    return table
+
+
 class JsonlSource:
     """Raw tables (source field names, typed by ``schema``) plus ``_row``/``_line`` and rejections."""
 
@@ -134,9 +154,9 @@ class JsonlSource:
             reader = pj.open_json(stream, read_options=read, parse_options=parse)
             for batch in reader:
                 if batch.num_rows:
-                    yield pa.Table.from_batches([batch]).select(self.schema.names)
+                    yield _utf8_checked(pa.Table.from_batches([batch]).select(self.schema.names))
         else:  # pragma: no cover - pyarrow < 19
-            yield pj.read_json(stream, read_options=read, parse_options=parse).select(self.schema.names)
+            yield _utf8_checked(pj.read_json(stream, read_options=read, parse_options=parse).select(self.schema.names))
 
     def _python(self, skip: int) -> Iterator[tuple[pa.Table, pa.Array, list[Rejection], pa.Array | None]]:
         names = self.schema.names

@@ -7,6 +7,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from rich.markup import escape
+
 from replay.commands._common import console, err_console, user_errors
 
 
@@ -55,6 +57,6 @@ def register(app: typer.Typer) -> None:
             table.add_row("tokenizer", meta.tokenizer)
         console.print(table)
         for warning in result.warnings:
-            err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+            err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
         if result.side_file:
-            err_console.print(f"rejected rows and reasons: {result.side_file}", highlight=False)
+            err_console.print(f"rejected rows and reasons: {escape(str(result.side_file))}", highlight=False)

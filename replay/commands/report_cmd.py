@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from rich.markup import escape
+
 from replay.commands._common import console, user_errors
 
 
@@ -34,8 +36,8 @@ def register(app: typer.Typer) -> None:
             from reports.slo import parse_slo
 
             result = write_report(outdir, output, slo=parse_slo(slo), charts=charts, json_path=json_out)
-        console.print(f"wrote [bold]{result.markdown}[/]" + (f" and {len(result.charts)} charts in "
+        console.print(f"wrote [bold]{escape(str(result.markdown))}[/]" + (f" and {len(result.charts)} charts in "
                                                            f"{next(iter(result.charts.values())).parent}"
                                                            if result.charts else ""))
         for w in result.metrics.warnings:
-            console.print(f"[yellow]warning:[/] {w}", highlight=False)
+            console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from replay.atomic import check_output_dir
 from replay.commands._common import console, user_errors
 
 
@@ -29,6 +30,7 @@ def run(
     with user_errors():
         if on_error not in ("fail", "skip"):
             raise typer.BadParameter("--on-error takes fail or skip")
+        check_output_dir(outdir, overwrite=overwrite, inputs=[trace, config])  # fail before the long part
         cfg, source = resolve_config(config, set_)
         options = {k: v for k, v in (("format", trace_format), ("block_size", block_size)) if v is not None}
         table, meta = load_any_trace(trace, **options)

@@ -11,7 +11,7 @@ from rich.table import Table
 from replay.commands._common import console, user_errors
 from replay.errors import ReplayError
 
-VIEWS_HELP = ("Views: requests, chunks, steps (the replay output), trace (the replayed trace), itl_gaps "
+VIEWS_HELP = ("One SELECT; it can read the run's files only (docs/reports.md). Views: requests, chunks, steps (the replay output), trace (the replayed trace), itl_gaps "
               "(one ITL sample per chunk), run_window (the measured window). On a sweep directory: sweep, plan, and "
               "requests/steps across runs with a config column.")
 
@@ -26,8 +26,7 @@ def register(app: typer.Typer) -> None:
         max_rows: int = typer.Option(50, "--max-rows", min=1, help="Rows shown in the table (CSV/JSON print all)."),
     ) -> None:
         with user_errors():
-            import duckdb
-
+            from reports.adhoc import read_only_query
             from reports.sweep_views import is_sweep_dir, open_sweep
             from reports.views import open_run
 
@@ -35,10 +34,7 @@ def register(app: typer.Typer) -> None:
                 raise ReplayError("choose one of --csv and --json")
             run = open_sweep(outdir) if is_sweep_dir(outdir) else open_run(outdir)
             try:
-                try:
-                    frame = run.con.execute(query).df()
-                except duckdb.Error as exc:
-                    raise ReplayError(f"query failed: {exc}") from None
+                frame = read_only_query(run, query)
             finally:
                 run.con.close()
         if csv:

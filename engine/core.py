@@ -1,0 +1,229 @@
+"""One vLLM engine replica (vLLM's EngineCore): scheduler, KV cache, G2 offload, step timer.
+
+The fleet loop (engine/fleet.py) owns the clock, the arrivals and the router. A replica acts at two
+kinds of instants: ``begin`` (its scheduler builds a step, or a decode window fast-forwards) and
+``complete`` (the step's output is applied at its end). Splitting a step in two keeps every
+replica's state exact at any instant the router looks at it: a step's allocations exist from its
+start, its tokens and finishes from its end, as in vLLM.
+
+A replica never runs ahead of an instant that could concern it: a decode window stops at the
+horizon the fleet gives it (the next arrival that may be routed here, its own G2 events, and the
+earliest time another replica could release a closed-loop turn).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from engine.block_pool import PoolInvariantError
+from engine.decode_window import run_decode_window
+from engine.recorder import Recorder
+from engine.request import Request
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.timing.base import StepTimer
+from replay.errors import ReplayError
+
+# Arrival kinds, in the order the waiting queue receives a batch of them (engine/fleet.py).
+OPEN, DYNAMIC = 0, 1
+
+
+class InvariantError(ReplayError):
+    """A --check invariant failed: the engine's own state is inconsistent (a bug, never bad input)."""
+
+
+class EngineCore:
+    """Per-replica state and its two step halves. Plain attributes: the fleet loop reads them."""
+
+    def __init__(self, replica: int, scheduler: Scheduler, timer: StepTimer, recorder: Recorder, *,
+                 fast_forward: bool = True, check_invariants: bool = False) -> None:
+        self.replica = replica
+        self.sched = scheduler
+        self.timer = timer
+        self.rec = recorder
+        self.offload = scheduler.offload
+        self.kv_pool = scheduler.kv.pool
+        self.spec_k = scheduler.limits.num_spec_tokens
+        self.ff_ok = fast_forward and self.spec_k == 0
+        self.check_invariants = check_invariants
+        self._steps_ms = getattr(timer, "decode_steps_ms", None)  # vectorised window timing, if any
+        self.now = 0.0  # this replica's clock: the end of its step or window in flight
+        self.step_idx = 0
+        self.idle_spins = 0
+        self.busy_ms = 0.0  # total duration of its steps
+        self.inbox: list[tuple[float, int, int, Request]] = []  # routed, not yet queued: (ready, kind, seq, req)
+        self.pending: tuple[SchedulerOutput, float, float] | None = None  # step in flight: (out, start, dur)
+        self.wake_ms = math.inf  # time of this replica's live entry in the fleet's event heap
+        self.version = 0  # bumps when that entry is superseded (older heap entries are then ignored)
+        self.num_routed = 0
+
+    # -- state the router and the fleet read ---------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.sched.waiting) + len(self.inbox)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.sched.running)
+
+    def kv_usage(self) -> float:
+        pool = self.kv_pool
+        return 1.0 - pool.get_num_free_blocks() / (pool.num_gpu_blocks - 1)
+
+    def has_work(self) -> bool:
+        return self.sched.has_unfinished() or bool(self.inbox)
+
+    def own_next_event_ms(self) -> float:
+        """The next instant this replica must act at without any new arrival: G2 completions and
+        requests routed here that are still on their way (router latency)."""
+        t = self.offload.next_event_ms() if self.offload is not None else math.inf
+        for ready, _, _, _ in self.inbox:
+            if ready < t:
+                t = ready
+        return t
+
+    # -- arrivals ----------------------------------------------------------------------------------
+    def receive(self, req: Request, ready_ms: float, kind: int, seq: int) -> None:
+        self.inbox.append((ready_ms, kind, seq, req))
+        self.num_routed += 1
+
+    def _take_inbox(self, now: float) -> None:
+        """Queue the routed requests that have reached the engine by ``now``: trace-timed arrivals
+        first, then closed-loop ones, each in routing order (the single engine's release order)."""
+        inbox = self.inbox
+        if len(inbox) == 1:
+            if inbox[0][0] <= now:
+                self.sched.add_request(inbox.pop()[3])
+            return
+        due = [e for e in inbox if e[0] <= now]
+        if not due:
+            return
+        self.inbox = [e for e in inbox if e[0] > now]
+        due.sort(key=lambda e: (e[1], e[2]))
+        add = self.sched.add_request
+        for e in due:
+            add(e[3])
+
+    # -- the two halves of a step ------------------------------------------------------------------
+    def begin(self, now: float, horizon: Callable[[EngineCore], float],
+              next_event: Callable[[EngineCore], float]) -> tuple[float, bool]:
+        """Act at ``now``: queue arrivals, then a decode window, a step, or nothing.
+
+        Returns (when to act next, whether that is a step's completion); math.inf = nothing to do
+        until a request is routed here. ``horizon(self)`` bounds a decode window; ``next_event(self)``
+        is the next instant anything could change for this replica (used when nothing can run).
+        """
+        self.now = now
+        if self.inbox:
+            self._take_inbox(now)
+        sched = self.sched
+        offload = self.offload
+        if offload is not None:
+            offload.advance(now)
+        if not sched.has_unfinished():
+            return self.own_next_event_ms(), False
+        if self.ff_ok:
+            end, taken = run_decode_window(sched, self.timer.step_ms, self.rec, now, horizon(self),
+                                           self.step_idx, replica=self.replica, steps_ms=self._steps_ms)
+            if taken:
+                self.step_idx += taken
+                self.busy_ms += end - now
+                self.now = end
+                if self.check_invariants:
+                    self.check(None)
+                return end, False
+        out = sched.schedule(now)
+        if out.total_tokens == 0:
+            nxt = next_event(self)
+            if out.num_preempted == 0 and nxt == math.inf:
+                raise ReplayError(self.stuck_message(now))
+            self.idle_spins = self.idle_spins + 1 if nxt <= now else 0
+            if self.idle_spins > 4 + len(sched.running):
+                raise ReplayError(self.stuck_message(now))
+            # A step that only preempted retries at the same time.
+            return (max(now, nxt) if nxt != math.inf else now), False
+        self.idle_spins = 0
+        passes = self.spec_k if self.spec_k and out.num_decode_reqs + out.num_prefill_reqs else 0
+        dur = self.timer.step_ms(out.num_prefill_reqs, out.prefill_tokens, out.prefill_ctx_tokens,
+                                 out.prefill_attn_work, out.num_decode_reqs, out.decode_query_tokens,
+                                 out.decode_ctx_tokens, passes)
+        end = now + dur
+        if offload is not None:
+            offload.step_executed(now, end)
+        self.pending = (out, now, dur)
+        self.now = end
+        return end, True
+
+    def complete(self, on_finished: Callable[[Request, float, EngineCore], None]) -> float:
+        """Apply the step in flight at its end; returns that end (the replica acts again then)."""
+        out, start, dur = self.pending
+        self.pending = None
+        end = start + dur
+        sched = self.sched
+        rec = self.rec
+        finished: list[Request] = []
+        chunk_reqs: list[int] = []
+        chunk_tokens: list[int] = []
+        drafts, accepted = sched.update_from_output(out, end, finished, chunk_reqs, chunk_tokens)
+        if chunk_reqs:
+            rec.emit_chunks(chunk_reqs, end, chunk_tokens)
+        for r in finished:
+            rec.request_finished(r)
+            on_finished(r, end, self)
+        pool = self.kv_pool
+        free = pool.get_num_free_blocks()
+        usable = pool.num_gpu_blocks - 1
+        offload = self.offload
+        if offload is not None:
+            stored, loaded, cpu_used, cpu_usage = offload.step_stats()
+        else:
+            stored = loaded = cpu_used = 0
+            cpu_usage = 0.0
+        rec.record_step((self.step_idx, start, dur, out.total_tokens, out.prefill_tokens, out.num_prefill_reqs,
+                         out.num_decode_reqs, len(sched.running), len(sched.waiting), out.num_preempted,
+                         1.0 - free / usable, usable - free, drafts, accepted, stored, loaded,
+                         cpu_used, cpu_usage), self.replica)
+        self.step_idx += 1
+        self.busy_ms += dur
+        if self.check_invariants:
+            self.check(out)
+        return end
+
+    def drain_unfinished(self) -> None:
+        """Record what is still in flight when the replay stops."""
+        for r in list(self.sched.running) + list(self.sched.waiting) + [e[3] for e in self.inbox]:
+            self.rec.request_unfinished(r)
+
+    # -- diagnostics ---------------------------------------------------------------------------------
+    def stuck_message(self, now: float) -> str:
+        sched = self.sched
+        head = sched.waiting.peek() if sched.waiting else None
+        what = f"request {head.request_id!r} ({head.num_tokens} tokens)" if head else "no request"
+        where = f" on replica {self.replica}" if self.replica else ""
+        return (f"the replay cannot make progress at t={now:.1f} ms{where}: {what} does not fit in the KV "
+                f"cache ({self.kv_pool.get_num_free_blocks()} free blocks) and nothing else can run")
+
+    def check(self, out: SchedulerOutput | None) -> None:
+        """--check: block conservation, ref counts, budget. Raises (survives python -O)."""
+        sched = self.sched
+        lim = sched.limits
+        if out is not None and out.total_tokens > lim.max_num_batched_tokens:
+            raise InvariantError(f"replica {self.replica}: token budget exceeded ({out.total_tokens})")
+        if len(sched.running) > lim.max_num_seqs:
+            raise InvariantError(f"replica {self.replica}: max_num_seqs exceeded ({len(sched.running)})")
+        holders: dict[int, int] = {}
+        in_use_keys: dict[int, int | None] = {}
+        reqs = list(sched.running) + [r for r in sched.waiting if r.block_ids]
+        if self.offload is not None:
+            reqs += self.offload.requests_holding_blocks()
+        for r in reqs:
+            keys = r.keys.block_keys(0, sched.kv.num_registered_blocks(r))
+            for j, b in enumerate(r.block_ids):
+                holders[b] = holders.get(b, 0) + 1
+                key = keys[j] if j < len(keys) else None
+                if in_use_keys.get(b) is None:
+                    in_use_keys[b] = key
+        try:
+            self.kv_pool.check_invariants(in_use_keys, holders)
+        except (PoolInvariantError, AssertionError) as exc:
+            raise InvariantError(f"replica {self.replica}: KV block invariant failed: {exc}") from None

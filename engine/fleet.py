@@ -1,0 +1,300 @@
+"""The fleet loop: one simulated clock, the arrivals, the router, and N engine replicas.
+
+A single replica is a fleet of one (no second simulator). Events are taken in time order; at one
+instant, step completions come first, then arrivals, then replicas beginning their next step, so an
+arrival that lands exactly when a step ends is seen by the step that starts then, and a request
+routed at time t sees every replica as it is at t: allocations of steps in flight (made when the
+step was scheduled) but not their tokens (applied at the step's end).
+
+Decode windows (engine/decode_window.py) let a replica fast-forward through decode-only steps; the
+fleet gives each one a horizon it must not pass:
+- its own G2 events and requests already routed to it (router latency);
+- the next arrival that may be routed to it: any arrival for routers that read replica state;
+  for order-only routers (round robin) and request-only routers (random, session affinity) the
+  next arrival that will be its own;
+- when closed-loop arrivals exist (session turns with delay_ms, concurrency mode), the earliest
+  instant another replica could finish a request, plus the smallest turn delay: a turn released
+  then could be routed here.
+So no replica's state is ever ahead of an instant at which it is read or changed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from engine.arrivals import ArrivalPlan
+from engine.block_keys import BlockKeys
+from engine.core import DYNAMIC, OPEN, EngineCore
+from engine.recorder import Recorder
+from engine.request import Request, RequestStatus
+from engine.routers.base import Router
+from engine.trace_input import TraceArrays
+
+ProgressFn = Callable[[float, int], None]
+
+_COMPLETE, _BEGIN = 0, 2  # heap phases; arrivals (not in the heap) sort between them at one instant
+
+
+class FleetLoop:
+    def __init__(self, trace: TraceArrays, plan: ArrivalPlan, cores: list[EngineCore], router: Router | None,
+                 recorder: Recorder, *, block_size: int, hash_lookahead: int, rejected: dict[int, str],
+                 router_latency_ms: float = 0.0, progress: ProgressFn | None = None) -> None:
+        self.trace = trace
+        self.plan = plan
+        self.cores = cores
+        self.router = router
+        self.rec = recorder
+        self.block_size = block_size
+        self.hash_lookahead = hash_lookahead
+        self.rejected = rejected
+        self.latency = router_latency_ms
+        self.progress = progress
+        self.num_done = 0
+        self.now = 0.0
+        self._heap: list[tuple[float, int, int, int, int]] = []  # (time, phase, seq, replica, version)
+        self._seq = 0
+        self._dynamic: list[tuple[float, int, int]] = []  # (ready_ms, seq, idx): closed-loop releases
+        self._dyn_seq = 0
+        self._conc_next = 0
+        self._open_times = plan.open_times.tolist()
+        self._open_order = plan.open_order.tolist()
+        self._open_ptr = 0
+        self._predict = self._prediction_mode()
+        # Closed-loop turns waiting on a request in flight: _parents[target][holder] is a heap of
+        # (delay, seq, parent) for parents on replica ``holder`` whose next turn, or a turn after it,
+        # will be routed to ``target`` (-1: not known before routing). Concurrency mode releases the next
+        # request at any finish, with no delay, to any replica.
+        self._parents: dict[int, dict[int, list[tuple[float, int, Request]]]] = {}  # (delay, seq, parent)
+        self._chain_targets = None
+        if self._predict == "static" and plan.dependents:
+            self._chain_targets = self._targets_of_chains(plan.dependents, router)
+        self._own_positions: list[np.ndarray] = []
+        if self._predict == "static":
+            targets = router.static_targets(plan.open_order)
+            self._own_positions = [np.flatnonzero(targets == r) for r in range(len(cores))]
+
+    @staticmethod
+    def _targets_of_chains(dependents: dict[int, list[tuple[int, float]]], router: Router) -> dict[int, tuple]:
+        """For each closed-loop turn, the replicas it or any later turn released after it will be
+        routed to (request-only routers): a turn not yet released can only reach those."""
+        children: dict[int, list[int]] = {}
+        for parent, deps in dependents.items():
+            children[parent] = [d for d, _ in deps]
+        rows = sorted({d for deps in dependents.values() for d, _ in deps}, reverse=True)
+        targets = dict(zip(rows, router.static_targets(np.array(rows, dtype=np.int64)).tolist()))
+        chain: dict[int, frozenset] = {}
+        for d in rows:  # a turn's later turns are later rows: each chain is complete when reached
+            reach = {targets[d]}
+            for c in children.get(d, ()):
+                reach |= chain[c]
+            chain[d] = frozenset(reach)
+        return {d: tuple(sorted(r)) for d, r in chain.items()}
+
+    def _prediction_mode(self) -> str:
+        """How far a replica may look ahead for its own next arrival (see the module doc)."""
+        router = self.router
+        if len(self.cores) == 1 or router is None:
+            return "single"
+        if router.reads_replica_state or self.rejected:  # a rejected row is routed nowhere
+            return "any"
+        if router.static_targets(np.empty(0, np.int64)) is not None:
+            return "static"
+        if router.next_open_offset(0) is not None:
+            return "offset"
+        return "any"
+
+    # -- arrivals ------------------------------------------------------------------------------------
+    def _push_dynamic(self, ready_ms: float, idx: int) -> None:
+        self._dyn_seq += 1
+        heapq.heappush(self._dynamic, (ready_ms, self._dyn_seq, idx))
+
+    def _arrive(self, idx: int, time_ms: float, kind: int) -> None:
+        reason = self.rejected.get(idx)
+        if reason is not None:
+            self.rec.request_rejected(idx, time_ms, reason)
+            self._request_done(idx, time_ms)
+            return
+        t = self.trace
+        off = t.hash_offsets
+        inp = int(t.input_tokens[idx])
+        keys = BlockKeys(t.hash_values, int(off[idx]), int(off[idx + 1]), t.hash_block_size,
+                         self.block_size, inp, idx, self.hash_lookahead, int(t.shared_lead[idx]))
+        req = Request(idx, t.request_id[idx], time_ms, inp, int(t.output_tokens[idx]), keys,
+                      t.session_id[idx], int(t.turn[idx]) if t.turn[idx] >= 0 else None,
+                      int(t.priority[idx]))
+        rid = 0 if self._predict == "single" else self.router.route(req, self.cores, time_ms)
+        self.rec.replica[idx] = rid
+        deps = self.plan.dependents.get(idx)
+        if deps and self._predict != "single":
+            chains = self._chain_targets
+            for dep, delay in deps:
+                for target in (chains[dep] if chains is not None else (-1,)):
+                    if target != rid:  # only another replica's finish can cut a window (see _release_bound)
+                        self._seq += 1
+                        heapq.heappush(self._parents.setdefault(target, {}).setdefault(rid, []),
+                                       (delay, self._seq, req))
+        core = self.cores[rid]
+        self._seq += 1
+        ready = time_ms + self.latency
+        core.receive(req, ready, kind, self._seq)
+        if core.pending is None:  # a replica with a step in flight begins again when it completes
+            t_wake = max(ready, core.now)
+            if t_wake < core.wake_ms:
+                self._push(core, t_wake, _BEGIN)
+
+    def _request_done(self, idx: int, time_ms: float) -> None:
+        self.num_done += 1
+        plan = self.plan
+        for dep, delay in plan.dependents.get(idx, ()):
+            self._push_dynamic(time_ms + delay, dep)
+        if plan.concurrency:
+            self._start_next_concurrent(time_ms)
+
+    def _start_next_concurrent(self, time_ms: float) -> None:
+        order = self.plan.concurrency_order
+        if self._conc_next < len(order):
+            idx = int(order[self._conc_next])
+            self._conc_next += 1
+            self._push_dynamic(time_ms, idx)
+
+    def _on_finished(self, r: Request, end_ms: float, core: EngineCore) -> None:
+        if self.router is not None and self._predict != "single":
+            self.router.request_finished(r, core.replica)
+        self._request_done(r.idx, end_ms)
+
+    # -- what bounds a replica -----------------------------------------------------------------------
+    def _next_arrival_ms(self) -> float:
+        t = self._open_times[self._open_ptr] if self._open_ptr < len(self._open_times) else math.inf
+        if self._dynamic and self._dynamic[0][0] < t:
+            t = self._dynamic[0][0]
+        return t
+
+    def _next_arrival_for(self, core: EngineCore) -> float:
+        mode = self._predict
+        if mode in ("single", "any"):
+            return self._next_arrival_ms()
+        ptr = self._open_ptr
+        if mode == "static":
+            own = self._own_positions[core.replica]
+            k = int(np.searchsorted(own, ptr))
+            pos = int(own[k]) if k < len(own) else len(self._open_times)
+        else:
+            pos = ptr + self.router.next_open_offset(core.replica)
+        t = self._open_times[pos] if pos < len(self._open_times) else math.inf
+        # A closed-loop arrival in between may go anywhere, and shifts round robin's order after it.
+        if self._dynamic and self._dynamic[0][0] < t:
+            t = self._dynamic[0][0]
+        return t
+
+    def _release_bound(self, core: EngineCore) -> float:
+        """Earliest instant a closed-loop arrival for ``core`` could appear because another replica
+        finished a request: that replica's next event plus the turn's delay, over the requests in
+        flight whose next turn, or a turn after it, may come here. A finish on ``core`` itself
+        happens at a step it takes outside any window, and the turn it releases is then a known
+        arrival, which bounds the next window."""
+        if self._predict == "single":
+            return math.inf
+        cores = self.cores
+        if self.plan.concurrency:  # any finish anywhere releases a request at once
+            t = math.inf
+            for other in cores:
+                if other is not core and other.wake_ms < t:
+                    t = other.wake_ms
+            return t
+        t = math.inf
+        finished = RequestStatus.FINISHED
+        for target in (core.replica, -1):
+            by_holder = self._parents.get(target)
+            if not by_holder:
+                continue
+            for holder, heap in by_holder.items():
+                if holder == core.replica:
+                    continue
+                while heap and heap[0][2].status == finished:
+                    heapq.heappop(heap)  # released already: the turn is a known arrival now
+                if heap:
+                    bound = cores[holder].wake_ms + heap[0][0]
+                    if bound < t:
+                        t = bound
+        return t
+
+    def _horizon(self, core: EngineCore) -> float:
+        h = core.own_next_event_ms()
+        a = self._next_arrival_for(core)
+        if a < h:
+            h = a
+        b = self._release_bound(core)
+        return b if b < h else h
+
+    def _next_event(self, core: EngineCore) -> float:
+        """The next instant anything could change for ``core`` (nothing could run at ``now``)."""
+        t = core.own_next_event_ms()
+        a = self._next_arrival_ms()
+        return a if a < t else t
+
+    # -- the clock -----------------------------------------------------------------------------------
+    def _push(self, core: EngineCore, t: float, phase: int) -> None:
+        core.version += 1
+        if t == math.inf:
+            core.wake_ms = math.inf
+            return
+        core.wake_ms = t
+        self._seq += 1
+        heapq.heappush(self._heap, (t, phase, self._seq, core.replica, core.version))
+
+    def run(self) -> None:
+        plan = self.plan
+        if plan.concurrency:
+            for _ in range(plan.concurrency):
+                self._start_next_concurrent(0.0)
+        heap = self._heap
+        dynamic = self._dynamic
+        cores = self.cores
+        open_times = self._open_times
+        open_order = self._open_order
+        n_open = len(open_times)
+        horizon = self._horizon
+        next_event = self._next_event
+        on_finished = self._on_finished
+        progress = self.progress
+        last_progress = -1.0
+        inf = math.inf
+        while True:
+            ptr = self._open_ptr
+            t_open = open_times[ptr] if ptr < n_open else inf
+            t_dyn = dynamic[0][0] if dynamic else inf
+            t_arr = t_open if t_open <= t_dyn else t_dyn
+            if heap and (heap[0][0] < t_arr or (heap[0][0] == t_arr and heap[0][1] == _COMPLETE)):
+                t, phase, _, rid, version = heapq.heappop(heap)
+                core = cores[rid]
+                if version != core.version:
+                    continue  # superseded by an earlier wake-up
+                self.now = t
+                if phase == _COMPLETE:
+                    end = core.complete(on_finished)
+                    self._push(core, end, _BEGIN)
+                else:
+                    nxt, completes = core.begin(t, horizon, next_event)
+                    self._push(core, nxt, _COMPLETE if completes else _BEGIN)
+                if progress is not None and t - last_progress > 1000.0:
+                    last_progress = t
+                    progress(t, self.num_done)
+                continue
+            if t_arr == inf:
+                break
+            if t_open <= t_dyn:
+                self._open_ptr = ptr + 1
+                self.now = t_open
+                self._arrive(open_order[ptr], t_open, OPEN)
+            else:
+                ready, _, idx = heapq.heappop(dynamic)
+                self.now = ready
+                self._arrive(idx, ready, DYNAMIC)
+        for core in cores:
+            core.drain_unfinished()
+        if progress is not None:
+            progress(self.now, self.num_done)

@@ -1,0 +1,39 @@
+"""Per-replica totals for run.json: what each replica did, and how evenly the router spread work."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.core import EngineCore
+from engine.recorder import Recorder
+
+
+def fleet_summary(cores: list[EngineCore], recorder: Recorder, selected: np.ndarray, span_ms: float) -> dict:
+    replica_of = recorder.replica[selected]
+    finished = recorder.status[selected] == 0
+    per_replica = []
+    for core in cores:
+        s = core.sched
+        mine = replica_of == core.replica
+        row = {
+            "replica": core.replica,
+            "requests": int(mine.sum()),
+            "finished": int((mine & finished).sum()),
+            "steps": core.step_idx,
+            "busy_ms": core.busy_ms,
+            "busy_fraction": core.busy_ms / span_ms if span_ms > 0 else 0.0,
+            "prefix_query_tokens": s.prefix_query_tokens,
+            "prefix_hit_tokens": s.prefix_hit_tokens,
+            "prefix_hit_rate": s.prefix_hit_tokens / s.prefix_query_tokens if s.prefix_query_tokens else None,
+            "cpu_hit_tokens": s.cpu_hit_tokens,
+            "preemptions": s.total_preemptions,
+            "gpu_block_evictions": core.kv_pool.num_evictions,
+        }
+        per_replica.append(row)
+    busy = np.array([r["busy_ms"] for r in per_replica], dtype=np.float64)
+    return {
+        "replicas": len(cores),
+        "per_replica": per_replica,
+        # Load imbalance: max / mean busy time (1.0 = perfectly even).
+        "busy_imbalance": float(busy.max() / busy.mean()) if len(busy) and busy.mean() > 0 else None,
+    }

@@ -1,0 +1,25 @@
+"""Fleet routers behind one interface (engine/routers/base.py); docs/fleet.md describes each."""
+
+from __future__ import annotations
+
+from engine.routers.base import Router, RouterContext
+from engine.routers.kv_aware import KvAwareRouter
+from engine.routers.least_loaded import LeastLoadedRouter
+from engine.routers.options import OPTIONS_BY_ROUTER
+from engine.routers.prefix_score import PrefixScoreRouter
+from engine.routers.simple import RandomRouter, RoundRobinRouter, SessionAffinityRouter
+
+ROUTERS: dict[str, type[Router]] = {
+    cls.name: cls
+    for cls in (RoundRobinRouter, RandomRouter, SessionAffinityRouter, LeastLoadedRouter, KvAwareRouter,
+                PrefixScoreRouter)
+}
+assert set(ROUTERS) == set(OPTIONS_BY_ROUTER)
+
+
+def build_router(name: str, options: dict, ctx: RouterContext) -> Router:
+    """The router named ``name`` with validated options (the config already validated them)."""
+    return ROUTERS[name](ctx, OPTIONS_BY_ROUTER[name].model_validate(options))
+
+
+__all__ = ["ROUTERS", "Router", "RouterContext", "build_router"]

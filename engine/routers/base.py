@@ -1,0 +1,67 @@
+"""The router interface: one small class per policy, as in Dynamo's and llm-d's routers.
+
+A router sees an arriving request (its block keys, lengths, session) and the replicas as they are
+at that instant, and names the replica that gets it. Routers that only look at the request (round
+robin, random, session affinity) say so, which lets every replica fast-forward decode windows up to
+the next arrival that is actually its own; routers that read replica state end every replica's
+window at every arrival (the state they read must be the state at that instant).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from engine.request import Request
+from engine.trace_input import TraceArrays
+
+if TYPE_CHECKING:
+    from engine.core import EngineCore
+
+
+@dataclass
+class RouterContext:
+    """What every router may know before the run: the fleet's shape and the trace's request rows."""
+
+    num_replicas: int
+    block_size: int
+    num_gpu_blocks: int
+    seed: int
+    trace: TraceArrays
+
+
+class Router:
+    name: ClassVar[str] = ""
+    reads_replica_state: ClassVar[bool] = False  # True: the choice depends on replica state at arrival
+
+    def __init__(self, ctx: RouterContext, options) -> None:
+        self.ctx = ctx
+        self.options = options
+        self.n = ctx.num_replicas
+        # Ties are broken by a seeded draw (Dynamo and llm-d pick uniformly among equal scores).
+        self.rng = random.Random(ctx.seed * 1_000_003 + 7919)
+
+    def route(self, req: Request, replicas: list[EngineCore], now_ms: float) -> int:
+        raise NotImplementedError
+
+    def request_finished(self, req: Request, replica: int) -> None:
+        """The request left the replica (routers that track their own load forget it)."""
+
+    # -- prediction (lets decode windows run past arrivals that go elsewhere) ------------------------
+    def static_targets(self, rows: np.ndarray) -> np.ndarray | None:
+        """Targets of these trace rows if they depend on the rows alone (not on order or state)."""
+        return None
+
+    def next_open_offset(self, replica: int) -> int | None:
+        """Round robin: how many open arrivals from now until this replica's next one, provided
+        no closed-loop arrival comes in between; None when the router cannot say."""
+        return None
+
+    def _pick_min(self, costs: list[float]) -> int:
+        """Lowest cost; equal costs broken by a seeded uniform draw."""
+        best = min(costs)
+        ties = [i for i, c in enumerate(costs) if c == best]
+        return ties[0] if len(ties) == 1 else ties[self.rng.randrange(len(ties))]

@@ -1,0 +1,167 @@
+"""Dynamo's KV-aware router (ai-dynamo/dynamo: lib/llm/src/kv_router/scheduler.rs
+DefaultWorkerSelector and sequence.rs ActiveSequences; lib/kv-router/src/scheduling/selector/
+default.rs in later releases, equal with default settings).
+
+Per worker w, with the request's prompt of ``isl`` tokens in blocks of the KV block size:
+
+    overlap_w        leading request blocks worker w has cached
+    prefill_tokens_w = (isl - overlap_w * block_size) + tokens still to prefill of w's requests
+    decode_blocks_w  = distinct prompt blocks of w's active requests, this request's included
+    cost_w           = overlap_score_weight * prefill_tokens_w / block_size + decode_blocks_w
+
+The lowest cost wins (ties: seeded uniform draw, as Dynamo draws among equal minima); with
+``router_temperature`` > 0 the costs are scaled to [0, 1] by (max - min), negated, divided by the
+temperature and sampled through a softmax. A request counts as prefilling until its first token
+and as active until it finishes (Dynamo: mark_prefill_completed, free).
+
+``kv_events: true``: the overlap is read from the replica's real prefix cache at the arrival
+instant (what KV events give Dynamo). ``kv_events: false`` (Dynamo's approximate mode,
+approx.rs): the router remembers the blocks it routed to each worker for ``ttl_s`` (120 s; routing
+a block again renews it), pruned to 80% of ``max_tree_blocks`` (2^20) by earliest expiry.
+
+Block identities are the engine's block keys: chained like Dynamo's sequence hashes, so the blocks
+a request shares with a worker's active requests are a leading run (found by bisection).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from itertools import takewhile
+
+from engine.request import Request
+from engine.routers.base import Router, RouterContext
+
+
+def _leading_run(keys: list[int], contains) -> int:
+    """Length of the leading run of ``keys`` found by ``contains`` (the found set is prefix-closed)."""
+    lo, hi = 0, len(keys)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if contains(keys[mid - 1]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class ApproxIndex:
+    """Blocks the router sent to one worker, each forgotten ``ttl_ms`` after it was last sent."""
+
+    def __init__(self, ttl_ms: float, max_blocks: int) -> None:
+        self.ttl_ms = ttl_ms
+        self.max_blocks = max_blocks
+        self.expiry: dict[int, float] = {}
+        self._order: deque[tuple[float, int]] = deque()  # (expiry, key), expiry non-decreasing
+
+    def prune(self, now_ms: float) -> None:
+        order, expiry = self._order, self.expiry
+        while order and order[0][0] <= now_ms:
+            t, key = order.popleft()
+            if expiry.get(key) == t:  # not renewed since
+                del expiry[key]
+
+    def insert(self, keys: list[int], now_ms: float) -> None:
+        t = now_ms + self.ttl_ms
+        expiry = self.expiry
+        for key in keys:
+            expiry[key] = t
+        self._order.extend((t, key) for key in keys)
+        if len(expiry) > self.max_blocks:  # prune to 80% by earliest expiry (Dynamo's PruneConfig)
+            order = self._order
+            while len(expiry) > 0.8 * self.max_blocks and order:
+                t0, key = order.popleft()
+                if expiry.get(key) == t0:
+                    del expiry[key]
+
+
+class KvAwareRouter(Router):
+    name = "kv_aware"
+    reads_replica_state = True
+
+    def __init__(self, ctx: RouterContext, options) -> None:
+        super().__init__(ctx, options)
+        self.weight = options.overlap_score_weight
+        self.temperature = options.router_temperature
+        self.kv_events = options.kv_events
+        self.active: list[dict[int, int]] = [{} for _ in range(self.n)]  # key -> active requests holding it
+        self.prefill_tokens = [0] * self.n
+        self.prefilling: list[list[tuple[Request, int]]] = [[] for _ in range(self.n)]
+        self.approx = (None if self.kv_events else
+                       [ApproxIndex(options.ttl_s * 1000.0, options.max_tree_blocks) for _ in range(self.n)])
+
+    def _prompt_keys(self, req: Request) -> list[int]:
+        n_full = req.num_prompt_tokens // self.ctx.block_size
+        return req.keys.keys_upto(n_full)[:n_full]
+
+    def _overlap(self, w: int, replicas, keys: list[int], now_ms: float) -> int:
+        if self.kv_events:
+            cached = replicas[w].kv_pool.cached
+            return sum(1 for _ in takewhile(cached.__contains__, keys))
+        index = self.approx[w]
+        index.prune(now_ms)
+        return sum(1 for _ in takewhile(index.expiry.__contains__, keys))
+
+    def _settle_prefills(self, w: int) -> None:
+        """Requests that have produced their first token no longer count as prefill load."""
+        pending = self.prefilling[w]
+        if pending and any(r.first_token_ms >= 0 or r.finish_ms >= 0 for r, _ in pending):
+            keep = []
+            for r, tokens in pending:
+                if r.first_token_ms >= 0 or r.finish_ms >= 0:
+                    self.prefill_tokens[w] -= tokens
+                else:
+                    keep.append((r, tokens))
+            self.prefilling[w] = keep
+
+    def route(self, req: Request, replicas, now_ms: float) -> int:
+        bs = self.ctx.block_size
+        keys = self._prompt_keys(req)
+        isl = req.num_prompt_tokens
+        costs: list[float] = []
+        new_tokens: list[int] = []
+        for w in range(self.n):
+            self._settle_prefills(w)
+            overlap = self._overlap(w, replicas, keys, now_ms)
+            new = isl - overlap * bs
+            if new < 0:
+                new = 0
+            active = self.active[w]
+            shared_active = _leading_run(keys, active.__contains__) if active else 0
+            decode_blocks = len(keys) - shared_active + len(active)
+            costs.append(self.weight * (new + self.prefill_tokens[w]) / bs + decode_blocks)
+            new_tokens.append(new)
+        w = self._pick_min(costs) if self.temperature <= 0 else self._sample(costs)
+        active = self.active[w]
+        for key in keys:
+            active[key] = active.get(key, 0) + 1
+        self.prefill_tokens[w] += new_tokens[w]
+        self.prefilling[w].append((req, new_tokens[w]))
+        if self.approx is not None:
+            self.approx[w].insert(keys, now_ms)
+        return w
+
+    def _sample(self, costs: list[float]) -> int:
+        lo, hi = min(costs), max(costs)
+        if hi == lo:
+            return self.rng.randrange(self.n)
+        logits = [-(c - lo) / (hi - lo) / self.temperature for c in costs]
+        top = max(logits)
+        weights = [math.exp(x - top) for x in logits]
+        u = self.rng.random() * sum(weights)
+        acc = 0.0
+        for i, wgt in enumerate(weights):
+            acc += wgt
+            if u < acc:
+                return i
+        return self.n - 1
+
+    def request_finished(self, req: Request, replica: int) -> None:
+        active = self.active[replica]
+        for key in self._prompt_keys(req):
+            left = active[key] - 1
+            if left:
+                active[key] = left
+            else:
+                del active[key]
+        self._settle_prefills(replica)

@@ -1,0 +1,67 @@
+"""vLLM 0.33's data-parallel load balancer (DPLBAsyncMPClient.get_core_engine_for_request in
+vllm/v1/engine/core_client.py, read from the vllm==0.33.0 wheel).
+
+Per engine e, from the coordinator's last snapshot (waiting, running, kv_cache_usage) and the
+client's own count of its unfinished requests on e (``inflight``):
+
+    score = max(client_count * inflight, waiting + running)
+            + waiting * 6.0 * max(0, kv_cache_usage - 0.5)      (the penalty only when waiting > 0)
+
+Engines are scanned from a start index that advances by one after every pick, and the first strict
+minimum wins (ties rotate). After a pick the client adds ``client_count`` to that engine's waiting
+count in its local copy of the snapshot, until the next snapshot replaces it. The DP coordinator
+publishes snapshots every ``stats_update_interval_ms`` (100 ms) while they change.
+
+Departure (documented in docs/fleet.md): a snapshot is the replicas' state at the first routing at
+or after each interval boundary, not at the boundary itself (the engines publish after every step,
+so the two differ by at most the steps run since the boundary). ``stats_update_ms: 0`` reads the
+replicas' exact state at every arrival.
+"""
+
+from __future__ import annotations
+
+from engine.request import Request
+from engine.routers.base import Router, RouterContext
+
+
+class LeastLoadedRouter(Router):
+    name = "least_loaded"
+    reads_replica_state = True
+
+    def __init__(self, ctx: RouterContext, options) -> None:
+        super().__init__(ctx, options)
+        self.client_count = options.client_count
+        self.interval = options.stats_update_ms
+        self.inflight = [0] * self.n
+        self.snapshot: list[list[float]] = [[0, 0, 0.0] for _ in range(self.n)]
+        self.next_refresh = 0.0
+        self.start = 0
+
+    def _refresh(self, replicas, now_ms: float) -> None:
+        self.snapshot = [[c.num_waiting, c.num_running, c.kv_usage()] for c in replicas]
+        if self.interval > 0:
+            self.next_refresh = (now_ms // self.interval + 1) * self.interval
+
+    def route(self, req: Request, replicas, now_ms: float) -> int:
+        if self.interval <= 0 or now_ms >= self.next_refresh:
+            self._refresh(replicas, now_ms)
+        n = self.n
+        cc = self.client_count
+        best = -1
+        best_score = float("inf")
+        for k in range(n):
+            e = (self.start + k) % n
+            waiting, running, usage = self.snapshot[e]
+            score = max(cc * self.inflight[e], waiting + running)
+            if waiting > 0 and usage > 0.5:
+                score += waiting * 6.0 * (usage - 0.5)
+            if score < best_score:
+                best_score = score
+                best = e
+        self.start = (self.start + 1) % n
+        self.snapshot[best][0] += cc
+        self.inflight[best] += 1
+        return best
+
+    def request_finished(self, req: Request, replica: int) -> None:
+        self.inflight[replica] -= 1

@@ -1,0 +1,86 @@
+"""llm-d's inference scheduler (llm-d/llm-d-inference-scheduler, EPP scheduling profile): a
+weighted sum of scorers, highest total wins (max-score picker: ties broken uniformly at random).
+
+Scorers, each in [0, 1] (pkg/epp/scheduling/.../scorer):
+- queue (queuedepth/queue.go): (max_q - q) / (max_q - min_q) over the replicas, 1 when all equal;
+  q = the replica's waiting requests.
+- kv_cache_utilization (kvcacheutilization): 1 - KV cache usage.
+- prefix_cache (prefix/plugin.go): matched blocks / request blocks. The walk goes over the
+  request's blocks in order and stops at the first block no replica holds; each replica holding a
+  block scores one match. Request blocks: at most ``max_prefix_blocks`` (256), the partial tail
+  block included. By default (llm-d's approximate prefix producer) a replica "holds" the blocks
+  the router sent it, in a per-replica LRU of ``lru_capacity_blocks`` (default: the engine's
+  number of KV blocks, llm-d's auto-tune); ``precise: true`` reads the replica's real prefix cache
+  instead (llm-d's precise prefix-cache scorer, fed by KV events).
+
+Default weights are llm-d's defaults (pkg/epp/config/loader/defaults.go): queue 2,
+kv_cache_utilization 2, prefix_cache 3.
+
+Departures: llm-d hashes prompt characters (4 per token); the replay names blocks by the trace's
+token-block identities at the engine's block size. Metrics are read at the arrival instant (llm-d
+scrapes them periodically).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from engine.request import Request
+from engine.routers.base import Router, RouterContext
+
+
+class PrefixScoreRouter(Router):
+    name = "prefix_score"
+    reads_replica_state = True
+
+    def __init__(self, ctx: RouterContext, options) -> None:
+        super().__init__(ctx, options)
+        self.w_queue = options.queue_weight
+        self.w_kv = options.kv_cache_utilization_weight
+        self.w_prefix = options.prefix_cache_weight
+        self.max_blocks = options.max_prefix_blocks
+        self.precise = options.precise
+        self.capacity = options.lru_capacity_blocks or ctx.num_gpu_blocks
+        self.lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(self.n)]
+
+    def _request_blocks(self, req: Request) -> list[int]:
+        bs = self.ctx.block_size
+        isl = req.num_prompt_tokens
+        n_full = min(isl // bs, self.max_blocks)
+        keys = req.keys.keys_upto(n_full)[:n_full]
+        if n_full < self.max_blocks and isl % bs:
+            keys = keys + [req.keys.prefix_key(isl)]  # the partial tail block counts too (llm-d)
+        return keys
+
+    def _holders(self, replicas, key: int) -> list[int]:
+        if self.precise:
+            return [w for w in range(self.n) if key in replicas[w].kv_pool.cached]
+        return [w for w in range(self.n) if key in self.lru[w]]
+
+    def route(self, req: Request, replicas, now_ms: float) -> int:
+        n = self.n
+        keys = self._request_blocks(req)
+        matches = [0] * n
+        for key in keys:
+            holders = self._holders(replicas, key)
+            if not holders:
+                break
+            for w in holders:
+                matches[w] += 1
+        queues = [c.num_waiting for c in replicas]
+        qmin, qmax = min(queues), max(queues)
+        totals = []
+        for w in range(n):
+            queue = 1.0 if qmax == qmin else (qmax - queues[w]) / (qmax - qmin)
+            kv = 1.0 - replicas[w].kv_usage()
+            prefix = matches[w] / len(keys) if keys else 0.0
+            totals.append(self.w_queue * queue + self.w_kv * min(max(kv, 0.0), 1.0) + self.w_prefix * prefix)
+        w = self._pick_min([-t for t in totals])
+        if not self.precise:
+            lru = self.lru[w]
+            for key in keys:
+                lru[key] = None
+                lru.move_to_end(key)
+            while len(lru) > self.capacity:
+                lru.popitem(last=False)
+        return w

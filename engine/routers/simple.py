@@ -1,0 +1,92 @@
+"""Routers that look only at the request: round robin, seeded random, session affinity."""
+
+from __future__ import annotations
+
+import hashlib
+from bisect import bisect_left
+
+import numpy as np
+
+from engine.request import Request
+from engine.routers.base import Router, RouterContext
+from engine.spec_decode import _splitmix64  # the same well-mixed 64-bit hash the MTP draws use
+
+
+def _hash64(text: str) -> int:
+    """Stable 64-bit hash of a string (Python's hash() is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+class RoundRobinRouter(Router):
+    """Replica 0, 1, ..., N-1, 0, ... in arrival order: what AISimulate does with
+    ``parallelism.replicas``, and the baseline every other router is compared with."""
+
+    name = "round_robin"
+
+    def __init__(self, ctx: RouterContext, options) -> None:
+        super().__init__(ctx, options)
+        self.counter = 0
+
+    def route(self, req: Request, replicas, now_ms: float) -> int:
+        target = self.counter % self.n
+        self.counter += 1
+        return target
+
+    def next_open_offset(self, replica: int) -> int | None:
+        return (replica - self.counter) % self.n
+
+
+class RandomRouter(Router):
+    """Uniform over replicas, seeded. Each request's draw is a hash of (seed, trace row), so the
+    choice does not depend on the order in which requests arrive (closed-loop turns included)."""
+
+    name = "random"
+
+    def route(self, req: Request, replicas, now_ms: float) -> int:
+        return self._target(req.idx)
+
+    def _target(self, row: int) -> int:
+        return _splitmix64((self.ctx.seed << 32) ^ row) % self.n
+
+    def static_targets(self, rows: np.ndarray) -> np.ndarray:
+        return np.fromiter((self._target(int(r)) for r in rows), dtype=np.int64, count=len(rows))
+
+
+class SessionAffinityRouter(Router):
+    """Every turn of a session to one replica, by consistent hashing of the session id.
+
+    A hash ring in the manner of Envoy's ring_hash load balancer: each replica owns
+    ceil(ring_size / N) points (hashes of "replica-<i>-<j>"), a session goes to the owner of the
+    first point at or after the hash of its id, wrapping around. Growing the fleet from N to N+1
+    moves about 1/(N+1) of the sessions. Requests without a session hash their request id.
+    """
+
+    name = "session_affinity"
+
+    def __init__(self, ctx: RouterContext, options) -> None:
+        super().__init__(ctx, options)
+        per = -(-options.ring_size // self.n)
+        points = sorted((_hash64(f"replica-{i}-{j}"), i) for i in range(self.n) for j in range(per))
+        self._ring = [p for p, _ in points]
+        self._owner = [i for _, i in points]
+        self._memo: dict[str, int] = {}
+
+    def _lookup(self, key: str) -> int:
+        pos = bisect_left(self._ring, _hash64(key))
+        return self._owner[pos if pos < len(self._ring) else 0]
+
+    def _target(self, row: int) -> int:
+        trace = self.ctx.trace
+        sid = trace.session_id[row]
+        if sid is None:
+            return self._lookup("r:" + trace.request_id[row])
+        target = self._memo.get(sid)
+        if target is None:
+            target = self._memo[sid] = self._lookup("s:" + sid)
+        return target
+
+    def route(self, req: Request, replicas, now_ms: float) -> int:
+        return self._target(req.idx)
+
+    def static_targets(self, rows: np.ndarray) -> np.ndarray:
+        return np.fromiter((self._target(int(r)) for r in rows), dtype=np.int64, count=len(rows))
