@@ -17,12 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 from replay import __version__
-from replay.atomic import write_json_atomic
+from replay.atomic import remove_stale_temps, write_json_atomic
 from replay.errors import ReplayError
 
 SWEEP_FILE = "sweep.json"
@@ -31,8 +30,8 @@ TRACE_FILE = "trace.parquet"
 RESULTS_DIR = "results"
 RUNS_DIR = "runs"
 KEY_LEN = 20  # hex digits: 80 bits, no collision in any sweep a person runs
-# replay.atomic names its temp paths ".<final name>.<random>.tmp" (and ".old" while swapping a directory)
-_LEFTOVER = re.compile(rf"^\.[0-9a-f]{{{KEY_LEN}}}(\.json)?\..+\.(tmp|old)$")
+# replay.atomic names its temp paths ".<final name>.replay-<pid>-<random>.tmp"
+_LEFTOVER = re.compile(r"^\.(.+)\.replay-\d+-[A-Za-z0-9_]+\.tmp$")
 CONFIG_HASH_LEN = 16  # hex digits of the config hash shown in tables and the `config` column
 
 
@@ -79,15 +78,13 @@ class ResultStore:
         return store
 
     def remove_leftovers(self) -> None:
-        """Remove the temp files and directories of writes that never finished (a worker killed mid-run):
-        only names our atomic writers make (``.<key>.<random>.tmp``/``.old`` beside a run or record)."""
-        for folder in (self.root / RESULTS_DIR, self.root / RUNS_DIR):
-            for path in folder.iterdir():
-                if _LEFTOVER.match(path.name):
-                    if path.is_dir():
-                        shutil.rmtree(path, ignore_errors=True)
-                    else:
-                        path.unlink(missing_ok=True)
+        """Remove the temp files and directories of writes that never finished (a worker killed
+        mid-run), through replay.atomic's own rule: only its temp names, only when the process that
+        made them is gone (a live concurrent sweep's temps stay)."""
+        for folder in (self.root, self.root / RESULTS_DIR, self.root / RUNS_DIR):
+            finals = {m.group(1) for p in folder.iterdir() if (m := _LEFTOVER.match(p.name))}
+            for name in sorted(finals):
+                remove_stale_temps(folder / name)
 
     def record_path(self, key: str) -> Path:
         return self.root / RESULTS_DIR / f"{key}.json"
