@@ -273,16 +273,29 @@ class FleetLoop:
                 core = cores[rid]
                 if version != core.version:
                     continue  # superseded by an earlier wake-up
-                self.now = t
-                if phase == _COMPLETE:
-                    end = core.complete(on_finished)
-                    self._push(core, end, _BEGIN)
-                else:
-                    nxt, completes = core.begin(t, horizon, next_event)
-                    self._push(core, nxt, _COMPLETE if completes else _BEGIN)
-                if progress is not None and t - last_progress > 1000.0:
-                    last_progress = t
-                    progress(t, self.num_done)
+                while True:
+                    self.now = t
+                    if progress is not None and t - last_progress > 1000.0:
+                        last_progress = t
+                        progress(t, self.num_done)
+                    if phase == _COMPLETE:
+                        t = core.complete(on_finished)
+                        phase = _BEGIN
+                    else:
+                        t, completes = core.begin(t, horizon, next_event)
+                        phase = _COMPLETE if completes else _BEGIN
+                    # While this replica's next act comes before any other event, take it at once
+                    # (no heap round trip): the order is the heap's, ties included.
+                    ptr = self._open_ptr
+                    t_arr = open_times[ptr] if ptr < n_open else inf
+                    if dynamic and dynamic[0][0] < t_arr:
+                        t_arr = dynamic[0][0]
+                    if t != inf and (not heap or t < heap[0][0]) and (
+                            t < t_arr or (t == t_arr and phase == _COMPLETE)):
+                        core.wake_ms = t
+                        continue
+                    self._push(core, t, phase)
+                    break
                 continue
             if t_arr == inf:
                 break

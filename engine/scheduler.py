@@ -357,9 +357,13 @@ class Scheduler:
             if r.num_computed_tokens < known:
                 continue  # a non-final prefill chunk emits nothing
             if drafts and r.padded_drafts:
-                accepted = 0  # placeholder drafts never match a sampled token
+                # Placeholder drafts never match a sampled token; vLLM's spec-decoding stats count
+                # them as drafts all the same (none accepted). No acceptance draw is used up.
                 r.padded_drafts = False
                 r.num_computed_tokens -= drafts
+                r.num_drafts += 1
+                r.num_draft_tokens_total += drafts
+                step_drafts += drafts
                 emitted = 1
             elif drafts:
                 accepted = sampler.num_accepted(r.idx, r.spec_step, drafts)

@@ -259,3 +259,17 @@ def test_mtp_under_the_offload_connector_keeps_legacy_hashes_and_drops_the_last_
     g2, _, _, _ = run_small(rows, tmp_path / "b", num_gpu_blocks=64,
                             config={**mtp([0.5, 0.5]), "host_offload": offload()})
     assert (plain.cached_tokens[1], g2.cached_tokens[1]) == (48, 32)
+
+
+def test_mtp_pad_spec_decode_for_an_admission_with_one_token_left(tmp_path):
+    # vLLM 0.33 pad_spec_decode, k = 2 (single-layer head: hash lookahead 1). The second request's
+    # 49 tokens hit 3 blocks (48 tokens), so one token is left; a decode is running and no prefill,
+    # so it is admitted with 2 placeholder drafts (3 tokens), both rejected: it emits 1 token.
+    rows = [dict(input_tokens=49, output_tokens=30, hash_ids=[1, 2, 3, 4]),
+            dict(arrival_ms=100, input_tokens=49, output_tokens=5, hash_ids=[1, 2, 3, 4])]
+    reqs, chunks, steps, _ = run_small(rows, tmp_path, num_gpu_blocks=64, config=mtp([0.0, 0.0]))
+    assert reqs.cached_tokens[1] == 48
+    join = steps[steps.running == 2].iloc[0]
+    assert (join.scheduled_tokens, join.decode_requests, join.draft_tokens, join.accepted_tokens) == (6, 2, 4, 0)
+    first = chunks[chunks.request_id == reqs.request_id[1]].iloc[0]
+    assert first.tokens == 1

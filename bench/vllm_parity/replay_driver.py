@@ -28,6 +28,11 @@ def engine_config(w: Workload, models_root: Path) -> EngineConfig:
     """The `replay run` config of a workload (the model is the same config.json vLLM reads)."""
     cfg: dict = {
         "model": str(model_dir(w, models_root) / "config.json"),
+        # Neither changes a scheduling decision (the harness has no clock); they only make the
+        # block counts pass replay's start-up check that the KV cache fits the GPUs (an 8-GPU node,
+        # DeepSeek-V3 in fp8 as it is served).
+        "tensor_parallel_size": 8,
+        "dtype": "fp8" if w.num_spec_tokens else "bf16",
         "scheduler": {"max_num_batched_tokens": w.max_num_batched_tokens, "max_num_seqs": w.max_num_seqs,
                       "policy": w.policy, "long_prefill_token_threshold": w.long_prefill_token_threshold,
                       "reserve_full_isl": w.reserve_full_isl},
