@@ -88,6 +88,10 @@ def test_sweep_slo_constraints_and_goodput_thresholds():
     assert parse_sweep_slo("ttft=500").constraints == {}
     with pytest.raises(Exception, match="ttft_p99=2000"):
         parse_sweep_slo("latency_p99=3")
+    with pytest.raises(Exception, match=r"'ttft_p99=abc': 'abc' is not a number"):
+        parse_sweep_slo("ttft_p99=abc")
+    with pytest.raises(Exception, match=r"'tpot_p99=0': the SLO must be a positive"):
+        parse_sweep_slo("tpot_p99=0")
 
 
 def test_the_table_starts_with_the_grid_keys_then_the_first_metric():

@@ -54,6 +54,15 @@ class SweepSlo:
         return True
 
 
+def _milliseconds(item: str, raw: str) -> float:
+    """One bound, valid exactly when `replay report --slo` (reports.slo) would take it; its errors
+    name the sweep's item."""
+    try:
+        return parse_slo(f"e2e={raw}").e2e
+    except ReplayError as exc:
+        raise ReplayError(str(exc).replace(repr(f"e2e={raw}"), repr(item), 1)) from None
+
+
 def parse_sweep_slo(text: str | None) -> SweepSlo:
     if text is None or not text.strip():
         return SweepSlo()
@@ -68,13 +77,7 @@ def parse_sweep_slo(text: str | None) -> SweepSlo:
         if not m:
             bare.append(item)
             continue
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ReplayError(f"--slo {item!r}: {raw.strip()!r} is not a number of milliseconds") from None
-        if not value > 0:
-            raise ReplayError(f"--slo {item!r}: the SLO must be a positive number of milliseconds")
-        constraints[key] = value
+        constraints[key] = _milliseconds(item, raw)
     try:
         per_request = parse_slo(",".join(bare)) if bare else None
     except ReplayError as exc:
