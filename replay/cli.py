@@ -25,6 +25,8 @@ _COMMAND_MODULES = (
     "report_cmd",
     "sql_cmd",
     "diff_cmd",
+    "sweep_cmd",
+    "plan_cmd",
     "steptime_cmd",
     "calibrate_cmd",
     "validate_cmd",

@@ -14,7 +14,7 @@ from replay.commands._common import console, user_errors
 def register(app: typer.Typer) -> None:
     @app.command("report")
     def report(
-        outdir: Path = typer.Argument(..., help="Replay output directory (from `replay run`)."),
+        outdir: Path = typer.Argument(..., help="Replay output directory (from `replay run`) or sweep directory (`replay sweep`/`plan`)."),
         output: Path = typer.Option(Path("report.md"), "-o", "--output",
                                     help="Markdown file to write; charts go to <stem>_files/ beside it."),
         slo: str | None = typer.Option(None, "--slo", help="Goodput SLOs in ms, e.g. ttft=500,tpot=50 (keys ttft, tpot, e2e)."),
@@ -23,7 +23,16 @@ def register(app: typer.Typer) -> None:
         by: str | None = typer.Option(None, "--by", help="Also group the metrics by a trace label: model, tenant, "
                                                          "request_type or priority."),
     ) -> None:
-        """Summarize one replay: latency percentiles, throughput, goodput, reuse, scheduler, charts."""
+        """Summarize one replay (or a sweep directory: ranked configs, best per SLO, Pareto chart)."""
+        from reports.sweep_views import is_sweep_dir
+
+        if is_sweep_dir(outdir):
+            with user_errors():
+                from reports.sweep_report import write_sweep_report
+
+                done = write_sweep_report(outdir, output, charts=charts)
+            console.print(f"wrote [bold]{done.markdown}[/] ({done.rows} configs, {len(done.charts)} charts)")
+            return
         with user_errors():
             from reports.report import write_report
             from reports.slo import parse_slo

@@ -12,7 +12,8 @@ from replay.commands._common import console, user_errors
 from replay.errors import ReplayError
 
 VIEWS_HELP = ("One SELECT; it can read the run's files only (docs/reports.md). Views: requests, chunks, steps (the replay output), trace (the replayed trace), itl_gaps "
-              "(one ITL sample per chunk), run_window (the measured window).")
+              "(one ITL sample per chunk), run_window (the measured window). On a sweep directory: sweep, plan, and "
+              "requests/steps across runs with a config column.")
 
 
 def register(app: typer.Typer) -> None:
@@ -26,11 +27,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         with user_errors():
             from reports.adhoc import read_only_query
+            from reports.sweep_views import is_sweep_dir, open_sweep
             from reports.views import open_run
 
             if csv and as_json:
                 raise ReplayError("choose one of --csv and --json")
-            run = open_run(outdir)
+            run = open_sweep(outdir) if is_sweep_dir(outdir) else open_run(outdir)
             try:
                 frame = read_only_query(run, query)
             finally:

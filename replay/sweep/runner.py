@@ -1,0 +1,224 @@
+"""A sweep end to end: prepare the trace and the store once, run grid points, write sweep.parquet.
+
+``SweepSession`` is shared by `replay sweep` (all points at once) and `replay plan` (a few points per
+bisection round): both go through ``run_points``, which skips every point whose result is already
+in the store, so an interrupted sweep or plan resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from engine.config import load_config
+from replay import __version__
+from replay.api import load_any_trace
+from replay.atomic import atomic_path, write_json_atomic
+from replay.errors import ConfigError, ReplayError
+from replay.sweep.executors import Executor, make_executor
+from replay.sweep.grid import Axis, Point, describe, point_config
+from replay.sweep.job import Job
+from replay.sweep.slo import SweepSlo
+from replay.sweep.store import (
+    RESULTS_DIR,
+    RUNS_DIR,
+    SWEEP_FILE,
+    TABLE_FILE,
+    TRACE_FILE,
+    ResultStore,
+    config_hash,
+    result_key,
+)
+from replay.sweep.table import build_table, write_table
+
+
+class Progress(Protocol):
+    def add_total(self, n: int) -> None: ...
+    def advance(self, record: dict[str, Any], reused: bool) -> None: ...
+    def running(self, n: int) -> None: ...
+
+
+class NoProgress:
+    def add_total(self, n: int) -> None:
+        pass
+
+    def advance(self, record: dict[str, Any], reused: bool) -> None:
+        pass
+
+    def running(self, n: int) -> None:
+        pass
+
+
+@dataclass
+class PointResult:
+    point: Point
+    key: str | None           # None: the point's config did not validate
+    config: dict | None
+    record: dict[str, Any]    # {"metrics": {...} | None, "error": str | None, ...}
+
+    @property
+    def metrics(self) -> dict[str, Any] | None:
+        return self.record.get("metrics")
+
+    @property
+    def error(self) -> str | None:
+        return self.record.get("error")
+
+
+@dataclass
+class SweepOptions:
+    ray: str | None = None
+    workers: int | None = None
+    summary_only: bool = False
+    retry_failed: bool = False
+    on_error: str = "fail"
+
+
+def _fingerprint(table) -> str:
+    from engine.run import _fingerprint as trace_fingerprint  # the fingerprint run.json records
+
+    return trace_fingerprint(table)
+
+
+@dataclass
+class SweepSession:
+    """One SWEEPDIR, its trace, its base config and SLO, and an executor kept across batches."""
+
+    sweepdir: Path
+    trace_path: str
+    fingerprint: str
+    base: dict[str, Any]
+    base_source: str
+    slo: SweepSlo
+    options: SweepOptions
+    store: ResultStore
+    executor: Executor | None = None
+    counts: dict[str, int] = field(default_factory=lambda: {"ran": 0, "reused": 0, "failed": 0, "lost": 0})
+
+    @classmethod
+    def open(cls, trace: str | Path, config: str | Path | None, sweepdir: str | Path, slo: SweepSlo,
+             options: SweepOptions, *, overrides: list[str] | None = None,
+             ingest_options: dict | None = None) -> SweepSession:
+        base_cfg = load_config(config, overrides)  # the base alone must be valid: errors name the file and key
+        store = ResultStore.create(sweepdir)
+        table, meta = load_any_trace(trace, **(ingest_options or {}))
+        fingerprint = _fingerprint(table)
+        trace_path = _place_trace(Path(trace), table, meta, store.root, fingerprint)
+        return cls(sweepdir=store.root, trace_path=trace_path, fingerprint=fingerprint,
+                   base=base_cfg.model_dump(mode="json"),
+                   base_source=(str(config) if config else "defaults") + "".join(f" --set {o}" for o in overrides or []),
+                   slo=slo, options=options, store=store)
+
+    def write_definition(self, extra: dict[str, Any]) -> None:
+        write_json_atomic(self.sweepdir / SWEEP_FILE, {
+            "tool_version": __version__, "trace": {"path": self.trace_path, "fingerprint": self.fingerprint},
+            "base_config": self.base, "base_config_source": self.base_source, "slo": self.slo.text(),
+            "slo_constraints": self.slo.constraints, "summary_only": self.options.summary_only, **extra})
+
+    def _executor(self) -> Executor:
+        if self.executor is None:
+            self.executor = make_executor(self.options.ray, self.trace_path, self.slo, self.options.workers)
+        return self.executor
+
+    def parallelism(self) -> int:
+        """How many configs can run at once (pool processes or the Ray cluster's CPUs)."""
+        return self._executor().workers
+
+    def where(self, result: PointResult) -> str | None:
+        """Where a result lives, relative to SWEEPDIR: its run outdir, or its record (--summary-only)."""
+        if result.key is None:
+            return None
+        if self.options.summary_only or result.error is not None:
+            return f"{RESULTS_DIR}/{result.key}.json"
+        return f"{RUNS_DIR}/{result.key}"
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.close()
+            self.executor = None
+
+    def resolve(self, point: Point) -> PointResult:
+        """The point's config and key, or a failed result when the combination does not validate."""
+        try:
+            cfg = point_config(self.base, point, self.base_source)
+        except ConfigError as exc:
+            return PointResult(point, None, None, {"metrics": None, "error": str(exc)})
+        dumped = cfg.model_dump(mode="json")
+        return PointResult(point, result_key(self.fingerprint, config_hash(dumped)), dumped, {})
+
+    def run_points(self, points: list[Point], progress: Progress | None = None) -> list[PointResult]:
+        """Results for ``points`` (in order): stored ones reused, missing ones run on the executor."""
+        progress = progress or NoProgress()
+        results = [self.resolve(p) for p in points]
+        progress.add_total(len(results))
+        todo: dict[str, Job] = {}
+        for res in results:
+            if res.key is None:
+                self.counts["failed"] += 1
+                progress.advance(res.record, reused=True)
+            elif res.key in todo:  # two points with one config (e.g. a value equal to the default)
+                progress.advance({}, reused=True)
+            elif self.store.is_done(res.key, need_run_dir=not self.options.summary_only,
+                                    retry_failed=self.options.retry_failed):
+                self.counts["reused"] += 1
+                progress.advance(self.store.load(res.key) or {}, reused=True)
+            else:
+                run_dir = None if self.options.summary_only else str(self.store.run_dir(res.key))
+                source = f"{self.base_source} at {describe(res.point)}"
+                todo[res.key] = Job(res.key, res.config, source, run_dir, self.options.on_error)
+        if todo:
+            def on_record(job: Job, record: dict[str, Any]) -> None:
+                self.store.save(job.key, record)
+                self.counts["ran"] += 1
+                self.counts["failed"] += record.get("error") is not None
+                progress.advance(record, reused=False)
+
+            lost = self._executor().run(list(todo.values()), on_record, progress.running)
+            if lost:
+                self.counts["lost"] += len(lost)
+                raise ReplayError(f"{len(lost)} config(s) lost their worker (killed process or lost node) and "
+                                  f"have no result; rerun the same command to redo only those")
+        for res in results:
+            if res.key is not None:
+                res.record = self.store.load(res.key) or {"metrics": None, "error": "result missing"}
+        return results
+
+    def table_rows(self, results: list[PointResult]) -> list[dict[str, Any]]:
+        rows = []
+        for res in results:
+            rows.append({"labels": {k: v.label for k, v in res.point}, "metrics": res.metrics,
+                         "config_hash": config_hash(res.config) if res.config else None, "error": res.error,
+                         "outdir": None if res.error is not None or self.options.summary_only
+                         else f"{RUNS_DIR}/{res.key}"})
+        return rows
+
+    def write_table(self, axes: list[Axis], results: list[PointResult]) -> Path:
+        path = self.sweepdir / TABLE_FILE
+        write_table(build_table(axes, self.table_rows(results)), path)
+        return path
+
+
+def _place_trace(trace: Path, table, meta, root: Path, fingerprint: str) -> str:
+    """The Parquet trace the workers read: the input itself when it is canonical, else SWEEPDIR/trace.parquet
+    (written once; a SWEEPDIR holding another trace is refused)."""
+    from ingest.schema import is_canonical_trace, read_trace
+
+    if is_canonical_trace(trace):
+        return str(trace.resolve())
+    target = root / TRACE_FILE
+    if target.is_file():
+        stored, _ = read_trace(target)
+        if _fingerprint(stored) != fingerprint:
+            raise ReplayError(f"{root}: holds a sweep of another trace ({TRACE_FILE} differs from {trace}); "
+                              "choose a new -o")
+        return str(target.resolve())
+    import pyarrow.parquet as pq
+
+    with atomic_path(target) as tmp:
+        pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                                      **meta.to_parquet_metadata()}), tmp, compression="zstd")
+    stored, _ = read_trace(target)
+    if _fingerprint(stored) != fingerprint:  # the workers must replay exactly what was given
+        raise ReplayError(f"{target}: the stored trace does not read back identical to {trace}")
+    return str(target.resolve())

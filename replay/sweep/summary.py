@@ -1,0 +1,58 @@
+"""One row of summary metrics per run, from the same SQL as `replay report` (reports.metrics).
+
+The column set is fixed (``METRIC_COLUMNS``) so every row of a sweep has the same schema whatever the
+run produced; a metric a run does not have (MTP acceptance without MTP, goodput without an SLO) is null.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from replay.sweep.slo import SweepSlo
+from reports.metrics import LATENCIES, SUMMARY_PERCENTILES, headline
+from reports.sweep_metrics import summary_metrics
+from reports.views import open_run
+
+_COUNTS = ["completed", "rejected", "unfinished", "preemptions", "preempted_requests"]
+_FLOATS = ["duration_s", "request_throughput", "output_throughput", "total_token_throughput", "goodput",
+           "good_fraction", "gpu_hit_ratio", "cpu_hit_ratio", "total_hit_ratio", "kv_usage_mean",
+           "kv_usage_max", "waiting_mean", "waiting_max", "acceptance_rate", "mean_acceptance_length"]
+_LATENCY = [f"{k}_{s}" for k in LATENCIES for s in ("mean", *(f"p{p}" for p in SUMMARY_PERCENTILES), "max")]
+# Derived per sweep row: GPUs = replicas x tensor_parallel_size, and the per-GPU rates plans rank by.
+DERIVED = ["gpus", "output_throughput_per_gpu", "goodput_per_gpu", "slo_met"]
+METRIC_COLUMNS: dict[str, str] = {**dict.fromkeys(_COUNTS, "int"), **dict.fromkeys(_FLOATS + _LATENCY, "float"),
+                                  "gpus": "int", "output_throughput_per_gpu": "float",
+                                  "goodput_per_gpu": "float", "slo_met": "bool"}
+
+
+def gpus_used(config: dict[str, Any]) -> int:
+    """Replicas (``fleet.replicas``, 1 without a fleet section) x tensor_parallel_size, from the dumped
+    config, so it holds before and after the fleet exists."""
+    fleet = config.get("fleet") or {}
+    replicas = fleet.get("replicas", 1) if isinstance(fleet, dict) else 1
+    return int(replicas or 1) * int(config.get("tensor_parallel_size") or 1)
+
+
+def summarize(outdir: str | Path, config: dict[str, Any], slo: SweepSlo) -> dict[str, Any]:
+    """The summary metrics of one finished run directory."""
+    con = duckdb.connect(config={"threads": 1})  # one thread: same float sums every time, no oversubscription
+    try:
+        run = open_run(outdir, con)
+        rows = {r.key: r.value for r in headline(summary_metrics(run, slo.goodput))}
+    finally:
+        con.close()
+    row: dict[str, Any] = {}
+    for key, kind in METRIC_COLUMNS.items():
+        if key in DERIVED:
+            continue
+        value = rows.get(key)
+        row[key] = None if value is None else int(value) if kind == "int" else float(value)
+    gpus = gpus_used(config)
+    row["gpus"] = gpus
+    row["output_throughput_per_gpu"] = None if row["output_throughput"] is None else row["output_throughput"] / gpus
+    row["goodput_per_gpu"] = None if row["goodput"] is None else row["goodput"] / gpus
+    row["slo_met"] = slo.met(row)
+    return row

@@ -1,0 +1,44 @@
+"""The headline metrics of one run without the chart data: what a sweep row needs, from the same
+``.sql`` files as ``reports.metrics.compute``.
+
+A sweep summarizes every run it makes, so it skips the CDF histograms, the over-time series and the
+infinite-cache ideal (charts and warnings of one run, not comparable columns); what it keeps is
+computed by exactly the queries the report uses, so a sweep row equals ``replay report --json`` of
+that run.
+"""
+
+from __future__ import annotations
+
+from reports.metrics import LATENCIES, PROBS, RunMetrics, _dist, _one
+from reports.slo import Slo
+from reports.sqlfiles import sql
+from reports.views import Run
+
+
+def summary_metrics(run: Run, slo: Slo | None = None) -> RunMetrics:
+    """A RunMetrics whose headline() rows are complete; cdf, over-time and ideal fields are empty."""
+    probs = list(PROBS)
+    lat = _one(run, "latency", probs=probs)
+    run.con.execute(sql("itl_samples"))
+    itl = _one(run, "itl", probs=probs)
+    run.con.execute("DROP TABLE itl_samples")
+    goodput = None
+    if slo is not None and not slo.empty:
+        goodput = _one(run, "goodput", ttft=slo.ttft, tpot=slo.tpot, e2e=slo.e2e)
+    return RunMetrics(
+        dists={k: _dist(itl if k == "itl" else lat, k, []) for k in LATENCIES},
+        throughput=_one(run, "throughput"),
+        goodput=goodput,
+        slo=slo.as_dict() if slo is not None else {},
+        preemptions=_one(run, "preemptions"),
+        reuse=_one(run, "reuse"),
+        ideal=None,
+        reuse_by_turn=[],
+        mtp=_one(run, "mtp"),
+        steps=_one(run, "steps_summary"),
+        bucket_ms=0.0,
+        steps_over_time=[],
+        latency_over_time=[],
+        keeping_up={},
+        status=[],
+    )
