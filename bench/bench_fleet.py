@@ -102,16 +102,25 @@ def large(args: argparse.Namespace) -> None:
         synth = [sys.executable, "-c", "from replay.cli import app; app()", "synth", "-n", str(args.requests),
                  "--seed", "0", "--arrival", "poisson", "--rate", "3.0", "--turns-mean", "3.0", "-o", str(trace)]
         subprocess.run(synth, cwd=ROOT, check=True, capture_output=True)
+        if args.flatten:  # every turn open-loop at its timestamp, as the AISimulate comparison replays it
+            import pyarrow.parquet as pq
+
+            sys.path.insert(0, str(ROOT))
+            from bench.compare.traces import flatten_sessions
+
+            table = pq.read_table(trace)
+            pq.write_table(flatten_sessions(table).replace_schema_metadata(table.schema.metadata), trace)
         sets = [f"fleet.replicas={args.replicas}", f"load.speedup={args.speedup}"]
         r = replay_run(trace, Path(tmp) / "out", CONFIGS / "synth-100k-fleet32.yaml", sets)
         info = r["info"]
         row = {"requests": args.requests, "replicas": args.replicas, "speedup": args.speedup,
+               "sessions": "flattened (open loop)" if args.flatten else "closed loop (delay_ms)",
                "wall_s": r["wall_s"], "peak_rss_mib": r["peak_rss_mib"], "steps": info["totals"]["steps"],
                "chunks": info["totals"]["chunks"], "engine_wall_s": info["wall_time_s"],
                "busy_imbalance": info["fleet"]["busy_imbalance"], "gpu_hit_ratio": info["prefix_hit_rate"],
                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         print(json.dumps(row), flush=True)
-        _save(f"fleet-large-{args.replicas}", row)
+        _save(f"fleet-large-{args.replicas}{'-flat' if args.flatten else ''}", row)
 
 
 def _save(name: str, data: dict) -> None:
@@ -133,6 +142,7 @@ def main() -> None:
     lg.add_argument("--requests", type=int, default=100_000)
     lg.add_argument("--replicas", type=int, default=32)
     lg.add_argument("--speedup", type=float, default=10.0)
+    lg.add_argument("--flatten", action="store_true", help="sessions open-loop (the AISimulate comparison's trace)")
     args = ap.parse_args()
     routers(args) if args.what == "routers" else large(args)
 
