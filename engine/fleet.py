@@ -68,8 +68,8 @@ class FleetLoop:
         # Closed-loop turns waiting on a request in flight: _parents[target][holder] lists
         # (delay, seq, parent) for parents on replica ``holder`` whose next turn, or a turn after it,
         # will be routed to ``target`` (-1: not known before routing). A turn's release time is
-        # bounded below by its parent's earliest finish (_earliest_finish) plus its delay. Concurrency mode releases the next
-        # request at any finish, with no delay, to any replica.
+        # bounded below by its parent's earliest finish (_earliest_finish) plus its delay.
+        # Concurrency mode releases the next request at any finish, with no delay, to any replica.
         self._parents: dict[int, dict[int, list[tuple[float, int, Request]]]] = {}  # (delay, seq, parent)
         self._parent_slots: dict[int, list[list]] = {}  # parent row -> the lists holding its entries
         timer = cores[0].timer
