@@ -10,7 +10,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replay.atomic import atomic_path, refuse_inputs
-from replay.errors import TraceError
 from replay.files import require_regular_file
 
 from .columns import ms_to_iso

@@ -18,9 +18,9 @@ import pandas as pd
 import pyarrow as pa
 
 from engine.config import EngineConfig, load_config, validate_config
+from engine.fleet import ProgressFn
 from engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, STEPS_FILE
 from engine.run import replay_trace
-from engine.fleet import ProgressFn
 from ingest.schema import TraceMetadata, is_canonical_trace, read_trace
 from replay.files import require_regular_file
 

@@ -6,7 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, RUN_FILE, STEPS_FILE
-from replay.atomic import atomic_dir, check_output_dir, check_output_file, write_json_atomic, write_text_atomic
+from replay.atomic import (
+    atomic_dir,
+    check_output_dir,
+    check_output_file,
+    write_json_atomic,
+    write_text_atomic,
+)
 from reports.charts import report_charts
 from reports.metrics import RunMetrics, compute
 from reports.render import render_report

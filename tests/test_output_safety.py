@@ -15,7 +15,6 @@ import pytest
 
 from replay import atomic
 from replay.atomic import MARKER, OutputError, atomic_dir, is_replay_output
-
 from tests.cli_helpers import ROOT, SAMPLE, write_sample_run, write_sample_trace
 from tests.cli_helpers import invoke as _invoke
 

@@ -9,8 +9,8 @@ from .base import Reader
 from .bench_results import SglangBenchReader, VllmBenchReader
 from .burstgpt import BurstGPTReader
 from .conversations import ConversationReader, LmsysReader
-from .genai_perf import GenaiPerfReader
 from .gateways import HeliconeReader, LangfuseReader, LiteLLMReader
+from .genai_perf import GenaiPerfReader
 from .generic import GenericCsvReader, GenericJsonlReader
 from .mooncake import MooncakeReader
 from .mooncake_text import MooncakeTextReader

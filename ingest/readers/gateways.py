@@ -21,7 +21,18 @@ from typing import Any, ClassVar
 
 from replay.errors import TraceError
 
-from ._records import Bad, Item, RecordReader, duration_ms, first, iso_ms, load_json_document, number, to_ms, tpot_ms
+from ._records import (
+    Bad,
+    Item,
+    RecordReader,
+    duration_ms,
+    first,
+    iso_ms,
+    load_json_document,
+    number,
+    to_ms,
+    tpot_ms,
+)
 from .base import ReaderInfo
 
 _EXTRAS = ("measured_ttft_ms", "measured_e2e_ms", "measured_tpot_ms", "measured_cached_tokens",

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
-
 from rich.markup import escape
+from rich.table import Table
 
 from replay.commands._common import console, err_console, user_errors
 

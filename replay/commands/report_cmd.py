@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-
 from rich.markup import escape
 
 from replay.commands._common import console, user_errors
