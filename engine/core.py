@@ -55,7 +55,6 @@ class EngineCore:
         self.pending: tuple[SchedulerOutput, float, float] | None = None  # step in flight: (out, start, dur)
         self.wake_ms = math.inf  # time of this replica's live entry in the fleet's event heap
         self.version = 0  # bumps when that entry is superseded (older heap entries are then ignored)
-        self.num_routed = 0
 
     # -- state the router and the fleet read ---------------------------------------------------------
     @property
@@ -85,7 +84,6 @@ class EngineCore:
     # -- arrivals ----------------------------------------------------------------------------------
     def receive(self, req: Request, ready_ms: float, kind: int, seq: int) -> None:
         self.inbox.append((ready_ms, kind, seq, req))
-        self.num_routed += 1
 
     def _take_inbox(self, now: float) -> None:
         """Queue the routed requests that have reached the engine by ``now``: trace-timed arrivals

@@ -24,6 +24,7 @@ import heapq
 import math
 from bisect import insort
 from collections.abc import Callable
+from itertools import chain
 
 import numpy as np
 
@@ -276,8 +277,7 @@ class FleetLoop:
             for other in cores:
                 if other is core or other.wake_ms >= t:
                     continue
-                reqs = list(other.sched.running) + list(other.sched.waiting) + [e[3] for e in other.inbox]
-                for r in reqs:
+                for r in chain(other.sched.running, other.sched.waiting, (e[3] for e in other.inbox)):
                     f = earliest(other, r)
                     if f < t:
                         t = f

@@ -207,7 +207,10 @@ class RooflineTimer:
         """``step_ms`` of ``count`` decode-only steps of ``nrun`` requests (one token each, no
         drafts) whose decode context starts at ``ctx0`` and grows by ``nrun`` a step: the decode
         windows' steps. The same operations in the same order as ``step_ms``, on arrays, so every
-        element is bit-identical to the scalar call (tests/test_timing_roofline.py checks it)."""
+        element is bit-identical to the scalar call (tests/test_timing_roofline.py checks it).
+        The constant part repeats step_ms's first lines on purpose: step_ms stays one flat function
+        (it is called for every step), and any change there must be made here too; the test fails
+        if the two drift."""
         T = nrun
         body = self._body
         t = body.c_tok * T
