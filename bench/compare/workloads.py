@@ -10,6 +10,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from bench.compare.reuse_traffic import ReuseTrafficConfig, write_reuse_trace
 from bench.compare.runner import REPO_ROOT, replay_command
 from bench.compare.traces import write_reference_trace
 
@@ -29,7 +30,7 @@ class Strict(BaseModel):
 class Generate(Strict):
     """A trace made at run time into the work directory, never into the repository."""
 
-    kind: Literal["reference", "synth"]
+    kind: Literal["reference", "synth", "reuse"]
     # reference: distinct prompts of fixed length (spec/peer-aisimulate.md, mtp-g2-120k-b2048)
     requests: int | None = Field(None, gt=0)
     input_tokens: int | None = Field(None, gt=0)
@@ -37,6 +38,8 @@ class Generate(Strict):
     hash_block_size: int = Field(512, gt=0)
     # synth: arguments of `replay synth`; "{out}" is replaced by the trace path
     args: list[str] | None = None
+    # reuse: the reuse-heavy high-rate shape of issue 15 (bench/compare/reuse_traffic.py)
+    reuse: ReuseTrafficConfig | None = None
 
     @model_validator(mode="after")
     def _fields(self) -> Generate:
@@ -44,6 +47,8 @@ class Generate(Strict):
             raise ValueError("generate.kind=reference needs requests, input_tokens and output_tokens")
         if self.kind == "synth" and not self.args:
             raise ValueError("generate.kind=synth needs args (the `replay synth` arguments, with {out})")
+        if self.kind == "reuse" and self.reuse is None:
+            raise ValueError("generate.kind=reuse needs reuse (the reuse_traffic parameters)")
         return self
 
 
@@ -105,6 +110,12 @@ def resolve_trace(name: str, wl: Workload, workdir: Path, base: Path) -> tuple[P
                                   output_tokens=gen.output_tokens, hash_block_size=gen.hash_block_size)
         return out, [f"reference trace generated: {gen.requests} requests of {gen.input_tokens}/"
                      f"{gen.output_tokens} tokens, fresh hash ids per request (block {gen.hash_block_size})"]
+    if gen.kind == "reuse":
+        assert gen.reuse is not None
+        out = workdir / f"{name}.parquet"
+        if not out.exists():
+            write_reuse_trace(out, gen.reuse)
+        return out, [f"reuse-heavy trace generated: {gen.reuse.model_dump_json()}"]
     cmd, env = replay_command()
     probe = subprocess.run([*cmd, "synth", "--help"], capture_output=True, text=True, env=env, cwd=REPO_ROOT)
     if probe.returncode != 0:
