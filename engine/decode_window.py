@@ -199,9 +199,9 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     waiting = len(sched.waiting)
     starts = times[:s]
     ends = times[1:s + 1]
-    free = _runs_to_array(free_changes, s)
-    kv_used = usable - free
-    kv_usage = 1.0 - free / usable
+    free_col = _runs_to_array(free_changes, s)
+    kv_used = usable - free_col
+    kv_usage = 1.0 - free_col / usable
     if offload is not None:
         stored_col = np.zeros(s, dtype=np.int64)
         for step, stored in stored_at:

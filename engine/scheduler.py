@@ -9,6 +9,7 @@ listed in docs/engine.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice, repeat
 
 from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager
@@ -113,8 +114,11 @@ class Scheduler:
         sched_tokens = out.num_new_tokens
         prefill_scheduled = False
 
-        # Phase 1: RUNNING, in admission order.
+        # Phase 1: RUNNING, in admission order. A scheduled request's share of the step's shape is
+        # counted (and its state advanced) at once, so the running set is walked once per step.
         running = self.running
+        drafts_list = out.num_drafts
+        n_pre = pre_tok = pre_ctx = pre_work = n_dec = dec_q = dec_ctx = 0
         i = 0
         preempted_any = False
         while i < len(running) and budget > 0:
@@ -137,18 +141,32 @@ class Scheduler:
             # Fast path (most decode steps): the held blocks already cover the new tokens and the
             # lookahead, and no block becomes cacheable; allocate_slots would change nothing.
             done = before + n
+            cacheable = ((done if done < known else known) - rp) // bs
+            hashed = (known - la_hash) // bs
             if (done + k + bs - 1) // bs > len(r.block_ids) or (
-                    caching and min(((done if done < known else known) - rp) // bs, (known - la_hash) // bs)
-                    > r.num_cached_blocks):
+                    caching and (cacheable if cacheable < hashed else hashed) > r.num_cached_blocks):
                 scheduled = True
                 while not kv.allocate_slots(r, n, None, k):
                     victim, victim_idx = self._pick_victim()
                     if victim_idx < i:
                         i -= 1  # the list shifted left under the current request (vLLM: req_index -= 1)
                     if victim in sched_reqs:
+                        # Take back what scheduling it counted: its budget and its share of the shape.
                         j = sched_reqs.index(victim)
                         del sched_reqs[j]
-                        budget += sched_tokens.pop(j)
+                        del drafts_list[j]
+                        vn = sched_tokens.pop(j)
+                        budget += vn
+                        vbefore = victim.num_computed_tokens - vn
+                        if victim.num_prompt_tokens + victim.num_output_tokens - vbefore <= 1:
+                            n_dec -= 1
+                            dec_q -= vn
+                            dec_ctx -= vbefore + vn
+                        else:
+                            n_pre -= 1
+                            pre_tok -= vn
+                            pre_ctx -= vbefore
+                            pre_work -= vn * vbefore + vn * (vn + 1) // 2
                     self._preempt(victim)
                     preempted_any = True
                     out.num_preempted += 1
@@ -160,26 +178,11 @@ class Scheduler:
                         continue  # vLLM 0.33: later (higher-priority) requests may still fit
                     break
             prefill_scheduled |= r.is_prefill_chunk
-            sched_reqs.append(r)
-            sched_tokens.append(n)
-            budget -= n
-            i += 1
-
-        # Phase 2: WAITING, only when nothing was preempted this step.
-        if not preempted_any:
-            budget = self._schedule_waiting(now_ms, budget, sched_reqs, sched_tokens, prefill_scheduled)
-
-        # The step's shape, in one pass over what was scheduled.
-        n_pre = pre_tok = pre_ctx = pre_work = n_dec = dec_q = dec_ctx = 0
-        drafts_list = out.num_drafts
-        for r, n in zip(sched_reqs, sched_tokens):
-            before = r.num_computed_tokens
-            left = r.num_prompt_tokens + r.num_output_tokens - before
-            if left <= 1:
+            if known - before <= 1:
                 drafts = n - 1  # drafts trimmed to what the budget allowed
                 n_dec += 1
                 dec_q += n
-                dec_ctx += before + n
+                dec_ctx += done
             else:
                 drafts = 0
                 n_pre += 1
@@ -187,11 +190,40 @@ class Scheduler:
                 pre_ctx += before
                 pre_work += n * before + n * (n + 1) // 2
             r.num_draft_tokens = drafts
-            r.is_prefill_chunk = before + n < r.num_prompt_tokens + r.num_output_tokens
+            r.is_prefill_chunk = done < known
+            r.num_computed_tokens = done  # optimistic, as vLLM does
+            sched_reqs.append(r)
+            sched_tokens.append(n)
             drafts_list.append(drafts)
-            if r.first_scheduled_ms < 0:
-                r.first_scheduled_ms = now_ms
-            r.num_computed_tokens = before + n  # optimistic, as vLLM does
+            budget -= n
+            i += 1
+
+        # Phase 2: WAITING, only when nothing was preempted this step.
+        if not preempted_any:
+            num_running_scheduled = len(sched_reqs)
+            budget = self._schedule_waiting(now_ms, budget, sched_reqs, sched_tokens, prefill_scheduled)
+            # The admitted requests' share of the step's shape.
+            for r, n in zip(islice(sched_reqs, num_running_scheduled, None),
+                            islice(sched_tokens, num_running_scheduled, None)):
+                before = r.num_computed_tokens
+                left = r.num_prompt_tokens + r.num_output_tokens - before
+                if left <= 1:
+                    drafts = n - 1
+                    n_dec += 1
+                    dec_q += n
+                    dec_ctx += before + n
+                else:
+                    drafts = 0
+                    n_pre += 1
+                    pre_tok += n
+                    pre_ctx += before
+                    pre_work += n * before + n * (n + 1) // 2
+                r.num_draft_tokens = drafts
+                r.is_prefill_chunk = before + n < r.num_prompt_tokens + r.num_output_tokens
+                drafts_list.append(drafts)
+                if r.first_scheduled_ms < 0:
+                    r.first_scheduled_ms = now_ms
+                r.num_computed_tokens = before + n
         out.num_prefill_reqs = n_pre
         out.prefill_tokens = pre_tok
         out.prefill_ctx_tokens = pre_ctx
@@ -346,8 +378,12 @@ class Scheduler:
         """
         k = self.limits.num_spec_tokens
         max_model_len = self.limits.max_model_len
-        sampler = self.sampler
         running_status = RequestStatus.RUNNING
+        if not k:
+            self._update_without_drafts(out, end_ms, finished, chunk_reqs, chunk_tokens, max_model_len)
+            return 0, 0
+        sampler = self.sampler
+        assert sampler is not None  # spec decoding (k > 0) always has one
         step_drafts = 0
         step_accepted = 0
         for r, drafts in zip(out.reqs, out.num_drafts):
@@ -396,7 +432,33 @@ class Scheduler:
                 finished.append(r)
             else:
                 r.num_draft_tokens = k  # the drafter proposes k tokens after sampling
+        self._free_finished(finished, end_ms)
+        return step_drafts, step_accepted
+
+    def _update_without_drafts(self, out: SchedulerOutput, end_ms: float, finished: list[Request],
+                               chunk_reqs: list[int], chunk_tokens: list[int], max_model_len: int) -> None:
+        """update_from_output without speculative decoding: every emitting request emits one token."""
+        running_status = RequestStatus.RUNNING
+        for r in out.reqs:
+            if r.status is not running_status:
+                continue
+            known = r.num_prompt_tokens + r.num_output_tokens
+            if r.num_computed_tokens < known:
+                continue  # a non-final prefill chunk emits nothing
+            r.num_output_tokens = emitted = r.num_output_tokens + 1
+            if r.first_token_ms < 0:
+                r.first_token_ms = end_ms
+            chunk_reqs.append(r.idx)
+            if emitted >= r.max_tokens or known + 1 >= max_model_len:
+                r.status = RequestStatus.FINISHED
+                r.finish_ms = end_ms
+                finished.append(r)
+        chunk_tokens.extend(repeat(1, len(chunk_reqs)))
+        self._free_finished(finished, end_ms)
+
+    def _free_finished(self, finished: list[Request], end_ms: float) -> None:
         if finished:
+            running_status = RequestStatus.RUNNING
             self.running = [r for r in self.running if r.status is running_status]
             offload = self.offload
             for r in finished:
@@ -404,7 +466,6 @@ class Scheduler:
                     offload.request_finished(r, end_ms)
                 else:
                     self.kv.free(r)
-        return step_drafts, step_accepted
 
 
 def _reserve_prefill_lookahead(remaining: int, n: int, lookahead: int) -> int:
