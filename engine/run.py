@@ -16,6 +16,7 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.fleet import FleetLoop, ProgressFn
 from engine.fleet_summary import fleet_summary
+from engine.native import core_kind
 from engine.output_schema import RUN_FILE
 from engine.recorder import Recorder
 from engine.routers import RouterContext, build_router
@@ -236,6 +237,7 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
             "max_model_len": setup.max_model_len,
             "simulated_span_ms": loop.now,
             "wall_time_s": round(time.perf_counter() - wall_start, 3),
+            "engine_core": core_kind(),  # compiled (mypyc) or python: same outputs, not the same speed
             "totals": totals,
             "warnings": warnings,
             "timing": {"backend": config.timing.backend, "uncalibrated": setup.uncalibrated},

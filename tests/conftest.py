@@ -6,7 +6,13 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
+# The suite runs the engine from its Python source (some tests swap pool classes and methods, which
+# compiled classes do not allow); tests/test_native_core.py runs the compiled core against it.
+# Set before anything imports the engine; REPLAY_PURE_PYTHON="" in the environment selects the
+# compiled core instead.
+os.environ.setdefault("REPLAY_PURE_PYTHON", "1")
+
+import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
