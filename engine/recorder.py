@@ -26,8 +26,10 @@ from engine.request import Request
 from engine.trace_input import TraceArrays
 
 _ROW_GROUP = 1 << 20
-_STEP_ROWS_BUFFERED = 1 << 16  # step rows are Python tuples until flushed: keep the buffer small
-_SHORT_WINDOW = 64  # decode windows shorter than this are buffered as rows, longer ones as arrays
+_STEP_ROWS_BUFFERED = 1 << 16  # step rows buffered before a row group is written
+# array typecodes of the step columns' dtypes (int32 is C int on every platform we build for)
+_TYPECODES = {np.dtype(np.int64): "q", np.dtype(np.int32): "i", np.dtype(np.float64): "d",
+              np.dtype(np.float32): "f"}
 
 # Parquet writer settings fixed here so that identical runs give identical bytes.
 # Snappy: the outputs are written once and read a few times; snappy writes 2-3x faster than zstd here.
@@ -65,10 +67,10 @@ class Recorder:
         self._chunk_req = array("i")
         self._chunk_time = array("d")
         self._chunk_tokens = array("i")
-        self._step_dtypes = [f.type.to_pandas_dtype() for f in self._steps_schema]
-        self._step_cols: list[list] = [[] for _ in self._steps_schema]  # rows of single steps, per column
-        self._step_segments: list[list[np.ndarray]] = []  # sealed runs of rows: one array per column
-        self._segment_rows = 0
+        self._step_dtypes = [np.dtype(f.type.to_pandas_dtype()) for f in self._steps_schema]
+        # Buffered step rows, one typed array per column (array appends cost no Python object per value).
+        self._step_codes = [_TYPECODES[dt] for dt in self._step_dtypes]
+        self._step_cols: list[array] = [array(code) for code in self._step_codes]
         self._request_ids = pa.array(trace.request_id, pa.string())
         self._chunk_writer = pq.ParquetWriter(outdir / "chunks.parquet", CHUNKS_SCHEMA, **_PARQUET_OPTS)
         self._step_writer = pq.ParquetWriter(outdir / "steps.parquet", self._steps_schema, **_PARQUET_OPTS)
@@ -99,70 +101,34 @@ class Recorder:
         if self.replica_column:
             self._step_cols[-1].append(replica)
         self.num_steps += 1
-        if len(self._step_cols[0]) + self._segment_rows >= _STEP_ROWS_BUFFERED:
+        if len(self._step_cols[0]) >= _STEP_ROWS_BUFFERED:
             self._flush_steps()
 
-    def _extend_rows(self, first_step, starts, durations, num_running, num_waiting, kv_usage, kv_used,
-                     bytes_stored, cpu_blocks_used, cpu_usage, replica) -> None:
+    def record_decode_window(self, first_step: int, starts: list[float], durations: list[float],
+                             num_running: int, num_waiting: int, kv_usage: np.ndarray, kv_used: np.ndarray,
+                             bytes_stored: np.ndarray | None = None, cpu_blocks_used: np.ndarray | None = None,
+                             cpu_usage: np.ndarray | None = None, replica: int = 0) -> None:
+        """Rows for a run of decode-only steps (engine/decode_window.py), column by column."""
         n = len(starts)
         c = self._step_cols
+        dt = self._step_dtypes
         c[0].extend(range(first_step, first_step + n))
         c[1].extend(starts)
         c[2].extend(durations)
         for j, value in ((3, num_running), (4, 0), (5, 0), (6, num_running), (7, num_running), (8, num_waiting),
                          (9, 0), (12, 0), (13, 0), (15, 0)):
             c[j].extend(repeat(value, n))
-        c[10].extend(kv_usage.tolist())
-        c[11].extend(kv_used.tolist())
+        c[10].frombytes(kv_usage.astype(dt[10]).tobytes())
+        c[11].frombytes(kv_used.astype(dt[11]).tobytes())
         for j, col in ((14, bytes_stored), (16, cpu_blocks_used), (17, cpu_usage)):
-            c[j].extend(col.tolist() if col is not None else repeat(0, n))
+            if col is None:
+                c[j].extend(repeat(0, n))
+            else:
+                c[j].frombytes(col.astype(dt[j]).tobytes())
         if self.replica_column:
             c[18].extend(repeat(replica, n))
         self.num_steps += n
-        if len(c[0]) + self._segment_rows >= _STEP_ROWS_BUFFERED:
-            self._flush_steps()
-
-    def _seal_rows(self) -> None:
-        """Turn the buffered single-step rows into a segment, keeping the rows' order."""
-        cols = self._step_cols
-        if cols[0]:
-            self._step_segments.append([np.asarray(col, dtype=dt) for col, dt in zip(cols, self._step_dtypes)])
-            self._segment_rows += len(cols[0])
-            self._step_cols = [[] for _ in cols]
-
-    def record_decode_window(self, first_step: int, starts: list[float], durations: list[float],
-                             num_running: int, num_waiting: int, kv_usage: np.ndarray, kv_used: np.ndarray,
-                             bytes_stored: np.ndarray | None = None, cpu_blocks_used: np.ndarray | None = None,
-                             cpu_usage: np.ndarray | None = None, replica: int = 0) -> None:
-        """Rows for a run of decode-only steps (engine/decode_window.py): a segment of arrays, or for
-        a short window, rows like single steps (numpy's per-array cost would dominate)."""
-        n = len(starts)
-        if n < _SHORT_WINDOW:
-            self._extend_rows(first_step, starts, durations, num_running, num_waiting, kv_usage, kv_used,
-                              bytes_stored, cpu_blocks_used, cpu_usage, replica)
-            return
-        self._seal_rows()
-        dt = self._step_dtypes
-        zeros = np.zeros(n, dtype=np.int64)
-        seg = [np.arange(first_step, first_step + n, dtype=dt[0]), np.asarray(starts, dtype=dt[1]),
-               np.asarray(durations, dtype=dt[2])]
-        for j, value in ((3, num_running), (4, 0), (5, 0), (6, num_running), (7, num_running), (8, num_waiting),
-                         (9, 0)):
-            seg.append(np.full(n, value, dtype=dt[j]))
-        seg.append(kv_usage.astype(dt[10]))
-        seg.append(kv_used.astype(dt[11]))
-        for j in (12, 13):  # drafts, accepted: none in a decode window
-            seg.append(zeros.astype(dt[j]))
-        seg.append((bytes_stored if bytes_stored is not None else zeros).astype(dt[14]))
-        seg.append(zeros.astype(dt[15]))  # bytes loaded: none in a decode window
-        seg.append((cpu_blocks_used if cpu_blocks_used is not None else zeros).astype(dt[16]))
-        seg.append((cpu_usage if cpu_usage is not None else zeros).astype(dt[17]))
-        if self.replica_column:
-            seg.append(np.full(n, replica, dtype=dt[18]))
-        self._step_segments.append(seg)
-        self._segment_rows += n
-        self.num_steps += n
-        if self._segment_rows >= _STEP_ROWS_BUFFERED:
+        if len(c[0]) >= _STEP_ROWS_BUFFERED:
             self._flush_steps()
 
     def request_finished(self, r: Request) -> None:
@@ -216,19 +182,16 @@ class Recorder:
 
     def _flush_steps(self, final: bool = False) -> None:
         """Like _flush_chunks: whole row groups of _STEP_ROWS_BUFFERED rows until the final flush."""
-        self._seal_rows()
-        n = self._segment_rows
+        cols = self._step_cols
+        n = len(cols[0])
         cut = n if final else n - n % _STEP_ROWS_BUFFERED
         if not cut:
             return
-        segs = self._step_segments
-        columns = [np.concatenate([seg[j] for seg in segs]) if len(segs) > 1 else segs[0][j]
-                   for j in range(len(self._step_dtypes))]
-        arrays = [pa.array(col[:cut]) for col in columns]
+        arrays = [pa.array(np.frombuffer(col, dtype=dt)[:cut]) for col, dt in zip(cols, self._step_dtypes)]
         self._step_writer.write_table(pa.Table.from_arrays(arrays, schema=self._steps_schema),
                                       row_group_size=_STEP_ROWS_BUFFERED)
-        self._step_segments = [[col[cut:] for col in columns]] if cut < n else []
-        self._segment_rows = n - cut
+        del arrays  # release the views before the buffers are cut
+        self._step_cols = [col[cut:] for col in cols]
 
     def close(self) -> None:
         self._flush_chunks(final=True)
