@@ -45,7 +45,7 @@ def _require(ok: bool, message: str) -> None:
 
 class BlockPool:
     __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "where", "num_free",
-                 "num_evictions", "_next_id", "_next_run", "uncached_first")
+                 "num_evictions", "_next_id", "_next_run", "uncached_first", "version")
 
     def __init__(self, num_gpu_blocks: int) -> None:
         if num_gpu_blocks < 2:
@@ -62,6 +62,9 @@ class BlockPool:
         self._next_id = 1
         self._next_run = 1
         self.uncached_first = True  # [0.33] freed blocks without a hash are reused first; [0.11] tail
+        # Counts changes to the prefix-cache map (registrations, evictions): a lookup made at an
+        # unchanged version would find the same blocks (KVCacheManager.get_computed_blocks).
+        self.version = 0
 
     def get_num_free_blocks(self) -> int:
         return self.num_free
@@ -94,6 +97,7 @@ class BlockPool:
                     run[2] = nxt + 1
                 del self.where[b]
                 self.num_evictions += 1
+                self.version += 1
                 if self.dups:
                     self._evict(b, key)
                 else:
@@ -140,6 +144,7 @@ class BlockPool:
                 need -= len(taken)
                 self.num_evictions += len(taken)
                 deque(map(self.where.__delitem__, taken), 0)
+                self.version += 1
                 if self.dups:
                     for b, key in zip(taken, taken_keys):
                         self._evict(b, key)
@@ -249,6 +254,7 @@ class BlockPool:
     def cache_full_blocks(self, blocks: list[int], keys: list[int]) -> None:
         """Register newly full blocks under their keys (at scheduling time, as vLLM does)."""
         cached = self.cached
+        self.version += 1
         if len(keys) == 1:
             key = keys[0]
             if key in cached:

@@ -23,7 +23,8 @@ _EAGER = 1 << 62  # a preempted request registers every full block (it may look 
 
 
 class KVCacheManager:
-    __slots__ = ("pool", "block_size", "enable_caching", "hash_lookahead", "drop_last_hit", "reprefillable")
+    __slots__ = ("pool", "block_size", "enable_caching", "hash_lookahead", "drop_last_hit", "reprefillable",
+                 "_memo")
     # The pool class: tests swap in tests/reference_block_pool.PerBlockPool to check it end to end.
     pool_factory = BlockPool
 
@@ -39,6 +40,9 @@ class KVCacheManager:
         # vLLM 0.33 num_reprefillable_tokens: multi-module MTP may re-prefill the last
         # num_prefill_lookahead - 1 computed tokens, so they are never cached.
         self.reprefillable = reprefillable
+        # The last lookup (request, pool version, walkable blocks, hits, hit tokens): schedule()
+        # often asks again for the queue head that waiting_is_blocked() has just looked up.
+        self._memo: tuple[Request, int, int, list[int], int] | None = None
 
     @staticmethod
     def _registrable(req: Request) -> int:
@@ -59,10 +63,15 @@ class KVCacheManager:
         """
         if not self.enable_caching:
             return [], 0
+        pool = self.pool
         bs = self.block_size
         limit = min((req.num_tokens - 1) // bs, (req.num_tokens - self.hash_lookahead) // bs)
+        memo = self._memo
+        if memo is not None and memo[0] is req and memo[1] == pool.version and memo[2] == limit:
+            return memo[3], memo[4]  # the list is read-only for callers
         hits: list[int] = []
-        cached_get = self.pool.cached.get
+        cached_get = pool.cached.get
+        walkable = limit
         j = 0
         while j < limit:
             end = min(limit, j + _KEY_BATCH)
@@ -76,6 +85,7 @@ class KVCacheManager:
             j += len(batch)
         if self.drop_last_hit and hits:
             hits.pop()
+        self._memo = (req, pool.version, walkable, hits, len(hits) * bs)
         return hits, len(hits) * bs
 
     def num_blocks_to_admit(self, req: Request, new_computed_blocks: list[int], num_tokens: int,

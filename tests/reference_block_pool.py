@@ -22,7 +22,7 @@ class PerBlockPool:
     """One free-queue entry per block; the prefix-cache key map (cached, dups) is BlockPool's own."""
 
     __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "num_evictions",
-                 "uncached_first")
+                 "uncached_first", "version")
 
     @property
     def num_free(self) -> int:
@@ -38,6 +38,7 @@ class PerBlockPool:
         self.free_queue: OrderedDict[int, int | None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
         self.num_evictions = 0
         self.uncached_first = True
+        self.version = 0  # as BlockPool: changes to the prefix-cache map
 
     def get_num_free_blocks(self) -> int:
         return len(self.free_queue)
@@ -58,6 +59,7 @@ class PerBlockPool:
             b, key = fq.popitem(False)
             if key is not None:
                 self.num_evictions += 1
+                self.version += 1
                 if not key:
                     pass  # private: in no map
                 elif self.dups:
@@ -72,6 +74,8 @@ class PerBlockPool:
         if evicted:
             self.num_evictions += evicted
             keys = list(filter(None, values))  # registered keys (real keys are never 0)
+            if keys:
+                self.version += 1
             if not keys:
                 pass
             elif self.dups:
