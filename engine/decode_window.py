@@ -43,6 +43,7 @@ def _next_store_step(r, base: int, off_bs: int) -> int:
     return off_bs * (r.num_stored_offload_blocks + 1) - 1 - base
 
 _VECTOR_MIN_STEPS = 48  # below this, numpy's per-call overhead exceeds timing steps one by one
+_VECTOR_FIRST_BATCH = 128  # steps timed by the first vectorised call (windows of a fleet replica: ~80)
 
 # Event kinds, in their order within one step (as in schedule()): allocations, the queue head's
 # CPU lookup, stores.
@@ -92,7 +93,9 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     # it starts before the next event.
     durations: list[float] = []
     times = [now]
-    batch = [16]
+    # Vectorised timing costs one numpy call per batch, whatever its size: start at a size most
+    # windows end within. Stepping one by one starts small (a window may end after a few steps).
+    batch = [_VECTOR_FIRST_BATCH if steps_ms is not None else 16]
 
     def extend() -> None:
         k = min(batch[0], m - len(durations))

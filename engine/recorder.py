@@ -7,7 +7,6 @@ finishes); chunks and steps stream into Parquet row groups so memory stays bound
 from __future__ import annotations
 
 from array import array
-from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -112,21 +111,23 @@ class Recorder:
         n = len(starts)
         c = self._step_cols
         dt = self._step_dtypes
+        codes = self._step_codes
         c[0].extend(range(first_step, first_step + n))
         c[1].extend(starts)
         c[2].extend(durations)
+        # Constant columns: a one-element array repeated n times (a C-level copy, no per-value work).
         for j, value in ((3, num_running), (4, 0), (5, 0), (6, num_running), (7, num_running), (8, num_waiting),
                          (9, 0), (12, 0), (13, 0), (15, 0)):
-            c[j].extend(repeat(value, n))
+            c[j].extend(array(codes[j], (value,)) * n)
         c[10].frombytes(kv_usage.astype(dt[10]).tobytes())
         c[11].frombytes(kv_used.astype(dt[11]).tobytes())
         for j, col in ((14, bytes_stored), (16, cpu_blocks_used), (17, cpu_usage)):
             if col is None:
-                c[j].extend(repeat(0, n))
+                c[j].extend(array(codes[j], (0,)) * n)
             else:
                 c[j].frombytes(col.astype(dt[j]).tobytes())
         if self.replica_column:
-            c[18].extend(repeat(replica, n))
+            c[18].extend(array(codes[18], (replica,)) * n)
         self.num_steps += n
         if len(c[0]) >= _STEP_ROWS_BUFFERED:
             self._flush_steps()

@@ -12,9 +12,8 @@ import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 
 from engine.config import EngineConfig, load_config, validate_config
@@ -23,6 +22,9 @@ from engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, STEPS_FILE
 from engine.run import replay_trace
 from ingest.schema import TraceMetadata, is_canonical_trace, read_trace
 from replay.files import require_regular_file
+
+if TYPE_CHECKING:  # pandas costs half a second to import: only the result accessors need it
+    import pandas as pd
 
 
 def load_any_trace(path: str | Path, **ingest_options: Any) -> tuple[pa.Table, TraceMetadata]:
@@ -52,14 +54,20 @@ class RunResult:
 
     @cached_property
     def requests(self) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.read_parquet(self.outdir / REQUESTS_FILE)
 
     @cached_property
     def chunks(self) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.read_parquet(self.outdir / CHUNKS_FILE)
 
     @cached_property
     def steps(self) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.read_parquet(self.outdir / STEPS_FILE)
 
 
