@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from engine.background_writer import BackgroundWriter
 from engine.output_schema import (
     CHUNKS_SCHEMA,
     REQUESTS_SCHEMA,
@@ -73,6 +74,7 @@ class Recorder:
         self._request_ids = pa.array(trace.request_id, pa.string())
         self._chunk_writer = pq.ParquetWriter(outdir / "chunks.parquet", CHUNKS_SCHEMA, **_PARQUET_OPTS)
         self._step_writer = pq.ParquetWriter(outdir / "steps.parquet", self._steps_schema, **_PARQUET_OPTS)
+        self._writes = BackgroundWriter()  # row groups are encoded and written on a second thread
         self.num_chunks = 0
         self.num_steps = 0
 
@@ -169,13 +171,11 @@ class Recorder:
         cut = n if final else n - n % _ROW_GROUP
         if not cut:
             return
-        idx = pa.array(np.frombuffer(self._chunk_req, dtype=np.int32)[:cut])
-        table = pa.Table.from_arrays(
-            [self._request_ids.take(idx), pa.array(np.frombuffer(self._chunk_time, dtype=np.float64)[:cut]),
-             pa.array(np.frombuffer(self._chunk_tokens, dtype=np.int32)[:cut])],
-            schema=CHUNKS_SCHEMA,
-        )
-        self._chunk_writer.write_table(table, row_group_size=_ROW_GROUP)
+        # Views of the buffers: they are replaced below, never changed, so the writer thread reads
+        # them safely.
+        self._writes.submit(self._write_chunks, np.frombuffer(self._chunk_req, dtype=np.int32)[:cut],
+                            np.frombuffer(self._chunk_time, dtype=np.float64)[:cut],
+                            np.frombuffer(self._chunk_tokens, dtype=np.int32)[:cut])
         self.num_chunks += cut
         self._chunk_req = self._chunk_req[cut:]
         self._chunk_time = self._chunk_time[cut:]
@@ -188,20 +188,34 @@ class Recorder:
         cut = n if final else n - n % _STEP_ROWS_BUFFERED
         if not cut:
             return
-        arrays = [pa.array(np.frombuffer(col, dtype=dt)[:cut]) for col, dt in zip(cols, self._step_dtypes)]
-        self._step_writer.write_table(pa.Table.from_arrays(arrays, schema=self._steps_schema),
-                                      row_group_size=_STEP_ROWS_BUFFERED)
-        del arrays  # release the views before the buffers are cut
-        self._step_cols = [col[cut:] for col in cols]
+        views = [np.frombuffer(col, dtype=dt)[:cut] for col, dt in zip(cols, self._step_dtypes)]
+        self._writes.submit(self._write_steps, views)
+        self._step_cols = [col[cut:] for col in cols]  # new buffers: the views keep the old ones
+
+    def _write_chunks(self, req: np.ndarray, time_ms: np.ndarray, tokens: np.ndarray) -> None:
+        """On the writer thread."""
+        table = pa.Table.from_arrays([self._request_ids.take(pa.array(req)), pa.array(time_ms), pa.array(tokens)],
+                                     schema=CHUNKS_SCHEMA)
+        self._chunk_writer.write_table(table, row_group_size=_ROW_GROUP)
+
+    def _write_steps(self, views: list[np.ndarray]) -> None:
+        """On the writer thread."""
+        table = pa.Table.from_arrays([pa.array(v) for v in views], schema=self._steps_schema)
+        self._step_writer.write_table(table, row_group_size=_STEP_ROWS_BUFFERED)
 
     def close(self) -> None:
         self._flush_chunks(final=True)
         self._flush_steps(final=True)
+        self._writes.finish()
         self._chunk_writer.close()
         self._step_writer.close()
         self._write_requests()
 
     def abort(self) -> None:
+        try:
+            self._writes.finish()
+        except BaseException:  # noqa: BLE001 - best effort on the failure path
+            pass
         for w in (self._chunk_writer, self._step_writer):
             try:
                 w.close()
