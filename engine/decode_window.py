@@ -216,8 +216,7 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     else:
         rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, kv_usage, kv_used,
                                  replica=replica)
-    idx = np.fromiter((r.idx for r in running), dtype=np.int32, count=nrun)
-    rec.emit_chunk_arrays(np.tile(idx, s), np.repeat(np.array(ends), nrun), np.ones(s * nrun, np.int32))
+    rec.emit_decode_chunks([r.idx for r in running], ends)
     return times[s], s
 
 

@@ -87,11 +87,13 @@ class Recorder:
         if len(self._chunk_req) >= _ROW_GROUP:
             self._flush_chunks()
 
-    def emit_chunk_arrays(self, reqs: np.ndarray, times: np.ndarray, tokens: np.ndarray) -> None:
-        """Many steps' chunks at once (decode windows), in emission order."""
-        self._chunk_req.frombytes(reqs.astype(np.int32).tobytes())
-        self._chunk_time.frombytes(times.astype(np.float64).tobytes())
-        self._chunk_tokens.frombytes(tokens.astype(np.int32).tobytes())
+    def emit_decode_chunks(self, reqs: list[int], ends: list[float]) -> None:
+        """A decode window's chunks: at the end of each step, one token for each of ``reqs`` (in
+        running order). Repeated arrays: C-level copies, no per-chunk work in Python."""
+        nrun = len(reqs)
+        self._chunk_req.extend(array("i", reqs) * len(ends))
+        self._chunk_time.frombytes(np.repeat(np.array(ends, dtype=np.float64), nrun).tobytes())
+        self._chunk_tokens.extend(array("i", (1,)) * (nrun * len(ends)))
         if len(self._chunk_req) >= _ROW_GROUP:
             self._flush_chunks()
 
