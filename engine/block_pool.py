@@ -45,7 +45,7 @@ def _require(ok: bool, message: str) -> None:
 
 class BlockPool:
     __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "where", "num_free",
-                 "num_evictions", "_next_id", "_next_run", "uncached_first", "version")
+                 "num_evictions", "_next_id", "_next_run", "uncached_first", "version", "watched", "watch_hit")
 
     def __init__(self, num_gpu_blocks: int) -> None:
         if num_gpu_blocks < 2:
@@ -65,6 +65,10 @@ class BlockPool:
         # Counts changes to the prefix-cache map (registrations, evictions): a lookup made at an
         # unchanged version would find the same blocks (KVCacheManager.get_computed_blocks).
         self.version = 0
+        # Keys a repeated lookup read (a queue head blocked step after step): a change to what any of
+        # them maps to sets watch_hit, so the lookup is redone only then.
+        self.watched: set[int] | None = None
+        self.watch_hit = False
 
     def get_num_free_blocks(self) -> int:
         return self.num_free
@@ -98,6 +102,8 @@ class BlockPool:
                 del self.where[b]
                 self.num_evictions += 1
                 self.version += 1
+                if self.watched is not None and key in self.watched:
+                    self.watch_hit = True
                 if self.dups:
                     self._evict(b, key)
                 else:
@@ -145,6 +151,8 @@ class BlockPool:
                 self.num_evictions += len(taken)
                 deque(map(self.where.__delitem__, taken), 0)
                 self.version += 1
+                if self.watched is not None and not self.watched.isdisjoint(taken_keys):
+                    self.watch_hit = True
                 if self.dups:
                     for b, key in zip(taken, taken_keys):
                         self._evict(b, key)
@@ -255,6 +263,8 @@ class BlockPool:
         """Register newly full blocks under their keys (at scheduling time, as vLLM does)."""
         cached = self.cached
         self.version += 1
+        if self.watched is not None and not self.watched.isdisjoint(keys):
+            self.watch_hit = True
         if len(keys) == 1:
             key = keys[0]
             if key in cached:

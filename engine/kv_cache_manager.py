@@ -40,9 +40,12 @@ class KVCacheManager:
         # vLLM 0.33 num_reprefillable_tokens: multi-module MTP may re-prefill the last
         # num_prefill_lookahead - 1 computed tokens, so they are never cached.
         self.reprefillable = reprefillable
-        # The last lookup (request, pool version, walkable blocks, hits, hit tokens): schedule()
-        # often asks again for the queue head that waiting_is_blocked() has just looked up.
-        self._memo: tuple[Request, int, int, list[int], int] | None = None
+        # The last lookup (request, pool version, walkable blocks, hits, hit tokens, watched):
+        # schedule() often asks again for the queue head that waiting_is_blocked() has just looked
+        # up (same version); a head that stays blocked is asked at every step, so from its second
+        # walk on the pool watches the keys it read (BlockPool.watched) and the walk is redone only
+        # when one of them changes.
+        self._memo: tuple[Request, int, int, list[int], int, bool] | None = None
 
     @staticmethod
     def _registrable(req: Request) -> int:
@@ -67,8 +70,13 @@ class KVCacheManager:
         bs = self.block_size
         limit = min((req.num_tokens - 1) // bs, (req.num_tokens - self.hash_lookahead) // bs)
         memo = self._memo
-        if memo is not None and memo[0] is req and memo[1] == pool.version and memo[2] == limit:
-            return memo[3], memo[4]  # the list is read-only for callers
+        watch = False
+        if memo is not None and memo[0] is req and memo[2] == limit:
+            if memo[1] == pool.version or (memo[5] and not pool.watch_hit):
+                return memo[3], memo[4]  # the list is read-only for callers
+            watch = True  # asked again after a change: a blocked head; watch the keys it reads
+        elif pool.watched is not None:
+            pool.watched = None  # another request's watch: drop it
         hits: list[int] = []
         cached_get = pool.cached.get
         walkable = limit
@@ -83,9 +91,14 @@ class KVCacheManager:
                     break
                 hits.append(b)
             j += len(batch)
+        walked = len(hits)
         if self.drop_last_hit and hits:
             hits.pop()
-        self._memo = (req, pool.version, walkable, hits, len(hits) * bs)
+        if watch:
+            num_read = walked + 1 if walked < walkable else walked  # the hits and the first miss
+            pool.watched = set(req.keys.keys_upto(num_read)[:num_read])
+            pool.watch_hit = False
+        self._memo = (req, pool.version, walkable, hits, len(hits) * bs, watch)
         return hits, len(hits) * bs
 
     def num_blocks_to_admit(self, req: Request, new_computed_blocks: list[int], num_tokens: int,

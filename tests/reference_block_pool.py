@@ -22,7 +22,7 @@ class PerBlockPool:
     """One free-queue entry per block; the prefix-cache key map (cached, dups) is BlockPool's own."""
 
     __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "num_evictions",
-                 "uncached_first", "version")
+                 "uncached_first", "version", "watched", "watch_hit")
 
     @property
     def num_free(self) -> int:
@@ -38,7 +38,9 @@ class PerBlockPool:
         self.free_queue: OrderedDict[int, int | None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
         self.num_evictions = 0
         self.uncached_first = True
-        self.version = 0  # as BlockPool: changes to the prefix-cache map
+        self.version = 0  # as BlockPool: changes to the prefix-cache map, and watched keys
+        self.watched: set[int] | None = None
+        self.watch_hit = False
 
     def get_num_free_blocks(self) -> int:
         return len(self.free_queue)
@@ -60,6 +62,8 @@ class PerBlockPool:
             if key is not None:
                 self.num_evictions += 1
                 self.version += 1
+                if self.watched is not None and key in self.watched:
+                    self.watch_hit = True
                 if not key:
                     pass  # private: in no map
                 elif self.dups:
@@ -76,6 +80,8 @@ class PerBlockPool:
             keys = list(filter(None, values))  # registered keys (real keys are never 0)
             if keys:
                 self.version += 1
+                if self.watched is not None and not self.watched.isdisjoint(keys):
+                    self.watch_hit = True
             if not keys:
                 pass
             elif self.dups:
