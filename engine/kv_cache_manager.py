@@ -78,19 +78,19 @@ class KVCacheManager:
         elif pool.watched is not None:
             pool.watched = None  # another request's watch: drop it
         hits: list[int] = []
-        cached_get = pool.cached.get
+        cached = pool.cached
         walkable = limit
         j = 0
         while j < limit:
             end = min(limit, j + _KEY_BATCH)
-            batch = req.keys.keys_upto(end)[j:end]
-            for key in batch:
-                b = cached_get(key)
+            keys = req.keys.keys_upto(end)
+            while j < end:
+                b = cached.get(keys[j])
                 if b is None:
                     limit = -1
                     break
                 hits.append(b)
-            j += len(batch)
+                j += 1
         walked = len(hits)
         if self.drop_last_hit and hits:
             hits.pop()
