@@ -80,10 +80,14 @@ class Recorder:
 
     # -- hot path ------------------------------------------------------------------------------
     def emit_chunks(self, reqs: list[int], time_ms: float, tokens: list[int]) -> None:
-        """Chunks of one step (all emitted at the step's end)."""
+        """Chunks of one step (all emitted at the step's end); ``tokens`` empty: one token each."""
+        n = len(reqs)
         self._chunk_req.extend(reqs)
-        self._chunk_tokens.extend(tokens)
-        self._chunk_time.extend([time_ms] * len(reqs))
+        if tokens:
+            self._chunk_tokens.extend(tokens)
+        else:
+            self._chunk_tokens.extend(array("i", (1,)) * n)
+        self._chunk_time.extend(array("d", (time_ms,)) * n)
         if len(self._chunk_req) >= _ROW_GROUP:
             self._flush_chunks()
 

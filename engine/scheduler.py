@@ -9,7 +9,7 @@ listed in docs/engine.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import islice, repeat
+from itertools import islice
 
 from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager
@@ -373,8 +373,9 @@ class Scheduler:
                            chunk_reqs: list[int], chunk_tokens: list[int]) -> tuple[int, int]:
         """Apply a finished step: emit tokens, roll back rejected drafts, finish requests.
 
-        Emitted chunks are appended to ``chunk_reqs``/``chunk_tokens`` (all at ``end_ms``); finished
-        requests to ``finished``. Returns (draft tokens verified, drafts accepted) for the step.
+        Emitted chunks are appended to ``chunk_reqs``/``chunk_tokens`` (all at ``end_ms``;
+        ``chunk_tokens`` stays empty without speculative decoding, where every chunk is one token);
+        finished requests to ``finished``. Returns (draft tokens verified, drafts accepted) for the step.
         """
         k = self.limits.num_spec_tokens
         max_model_len = self.limits.max_model_len
@@ -453,8 +454,7 @@ class Scheduler:
                 r.status = RequestStatus.FINISHED
                 r.finish_ms = end_ms
                 finished.append(r)
-        chunk_tokens.extend(repeat(1, len(chunk_reqs)))
-        self._free_finished(finished, end_ms)
+        self._free_finished(finished, end_ms)  # chunk_tokens stays empty: every chunk is one token
 
     def _free_finished(self, finished: list[Request], end_ms: float) -> None:
         if finished:
