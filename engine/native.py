@@ -96,6 +96,17 @@ def _install() -> frozenset[str]:
 COMPILED = _install()
 
 
+def stale_build() -> bool:
+    """True when a compiled core was built but the sources changed since (it is not used)."""
+    if os.environ.get(PURE_ENV) or COMPILED:
+        return False
+    try:
+        manifest = json.loads(_MANIFEST.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(manifest.get("compiled")) and any(_compiled_file(n) is not None for n in NATIVE_MODULES)
+
+
 def core_kind() -> str:
     """'compiled' when the engine's hot loop runs as mypyc-compiled code, else 'python'."""
     if COMPILED and all(

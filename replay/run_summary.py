@@ -60,6 +60,15 @@ def print_run_summary(outdir: Path, info: dict, wall_s: float, console: Console)
             other.add_row("Load imbalance", f"{fleet['busy_imbalance']:.3f}", "max / mean busy")
     other.add_row("Simulated span", f"{info['simulated_span_ms'] / 1000:,.1f}", "s")
     other.add_row("Wall time", f"{wall_s:,.2f}", "s")
+    core = info.get("engine_core", "python")
+    other.add_row("Engine core", core, "mypyc-compiled hot loop" if core == "compiled" else "pure Python")
     console.print(other)
+    if core == "python":
+        from engine.native import stale_build
+
+        if stale_build():
+            console.print("[yellow]note:[/] the compiled engine core is older than the sources, so the "
+                          "slower pure-Python core ran; reinstall to rebuild it: pip install -e .",
+                          highlight=False)
     for w in info.get("warnings", []):
         console.print(f"[yellow]warning:[/] {escape(str(w))}", highlight=False)

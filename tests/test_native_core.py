@@ -100,11 +100,11 @@ def test_edited_source_is_never_shadowed_by_its_stale_build(tmp_path: Path) -> N
     shutil.copytree(ROOT / "engine", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     (pkg / "block_pool.py").write_text((pkg / "block_pool.py").read_text() + "\nEDITED = True\n")
     code = ("import engine.native as n, engine.block_pool as b, engine.scheduler as s; "
-            "print(n.core_kind(), b.EDITED, s.__file__.endswith('.py'))")
+            "print(n.core_kind(), b.EDITED, s.__file__.endswith('.py'), n.stale_build())")
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", REPLAY_PURE_PYTHON="")
     res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["python", "True", "True"]
+    assert res.stdout.split() == ["python", "True", "True", "True"]  # and the summary says so
 
 
 @pytest.mark.parametrize("name,trace,sets", WORKLOADS, ids=[w[0] for w in WORKLOADS])
