@@ -27,8 +27,9 @@ Reference counts are stored sparsely: a registered block is in use exactly when 
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
+from itertools import repeat
 
 
 class PoolInvariantError(Exception):
@@ -147,9 +148,7 @@ class BlockPool:
             if taken:
                 need -= len(taken)
                 self.num_evictions += len(taken)
-                where = self.where
-                for b in taken:
-                    del where[b]
+                deque(map(self.where.__delitem__, taken), 0)
                 self.version += 1
                 if self.watched is not None and not self.watched.isdisjoint(taken_keys):
                     self.watch_hit = True
@@ -157,9 +156,7 @@ class BlockPool:
                     for b, key in zip(taken, taken_keys):
                         self._evict(b, key)
                 else:  # every key has one copy, which must be the taken block
-                    cached = self.cached
-                    for key in taken_keys:
-                        del cached[key]
+                    deque(map(self.cached.__delitem__, taken_keys), 0)
         return [first] if n == 1 else list(range(first, first + n))
 
     def _evict(self, b: int, key: int) -> None:
@@ -266,9 +263,7 @@ class BlockPool:
         rid = self._next_run
         self._next_run += 1
         self.free_queue[rid] = [blocks, keys, 0, 0]
-        where = self.where
-        for b in blocks:
-            where[b] = rid
+        self.where.update(zip(blocks, repeat(rid)))
         self.num_free += len(blocks)
 
     def cache_full_blocks(self, blocks: list[int], keys: list[int]) -> None:
