@@ -190,12 +190,7 @@ class BlockPool:
 
     def num_free_among(self, blocks: list[int]) -> int:
         """How many of ``blocks`` sit in the free queue (hits that would consume free capacity)."""
-        where = self.where
-        n = 0
-        for b in blocks:  # a plain loop: compiled (mypyc), it is a direct dict lookup per block
-            if b in where:
-                n += 1
-        return n
+        return sum(map(self.where.__contains__, blocks))
 
     def _append_run(self, count: int, evicts: bool) -> None:
         fq = self.free_queue

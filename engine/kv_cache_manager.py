@@ -78,19 +78,18 @@ class KVCacheManager:
         elif pool.watched is not None:
             pool.watched = None  # another request's watch: drop it
         hits: list[int] = []
-        cached = pool.cached
+        cached_get = pool.cached.get
         walkable = limit
         j = 0
         while j < limit:
             end = min(limit, j + _KEY_BATCH)
-            keys = req.keys.keys_upto(end)
-            while j < end:
-                b = cached.get(keys[j])
-                if b is None:
-                    limit = -1
-                    break
-                hits.append(b)
-                j += 1
+            # One C-level pass per batch of keys (no per-key work in Python or boxing when compiled).
+            got: list = list(map(cached_get, req.keys.keys_upto(end)[j:end]))
+            if None in got:
+                hits += got[:got.index(None)]
+                break
+            hits += got
+            j = end
         walked = len(hits)
         if self.drop_last_hit and hits:
             hits.pop()
