@@ -27,6 +27,7 @@ from engine.output_schema import (
     STEPS_SCHEMA,
 )
 from ingest.schema import TRACE_SCHEMA, TraceMetadata
+from replay.duckdb_conn import connect
 from replay.errors import ReplayError, TraceError
 from reports.sqlfiles import sql
 
@@ -132,10 +133,11 @@ def _find_trace(outdir: Path, info: dict[str, Any], notes: list[str]) -> Path | 
 
 
 def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -> Run:
-    """Check the OUTDIR and create its views on a fresh (or given) in-memory DuckDB connection."""
+    """Check the OUTDIR and create its views on a fresh (``replay.duckdb_conn.connect``: memory-limited,
+    spilling) or given in-memory DuckDB connection."""
     outdir = Path(outdir)
     info = read_run_json(outdir)
-    con = con if con is not None else duckdb.connect()
+    con = con if con is not None else connect()
     for name, (filename, schema) in OUTPUT_VIEWS.items():
         path = outdir / filename
         names = _check_columns(path, schema)
