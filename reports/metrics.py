@@ -136,14 +136,21 @@ def _histograms(run: Run) -> dict[str, list[tuple[int, int]]]:
 
 
 ITL_BATCH_ROWS = 1 << 20  # ITL samples per streamed batch of the quantile passes (8 MB)
+# Chunk rows per part of the ITL sample build (itl_gaps.sql): runs up to this size take one part (the
+# 1 M-request benchmark fixture has 19 M), larger ones as many parts as needed to stay under it.
+ITL_PART_ROWS = 20_000_000
 
 
 def itl_row(run: Run, *, histograms: bool) -> tuple[dict[str, Any], dict[str, list[tuple[int, int]]]]:
     """The pooled ITL row (count, mean, max, quantiles as latency.sql names them) and, if asked, every
     latency histogram. The samples are materialized once in DuckDB (which spills them past its memory
-    limit) and their quantiles selected in streamed passes (reports/quantiles.py), so no step holds all
-    of them in memory at once."""
-    run.con.execute(sql("itl_samples"))
+    limit), on large runs one part of the requests at a time (itl_gaps.sql), and their quantiles
+    selected in streamed passes (reports/quantiles.py), so no step holds all of them in memory at once."""
+    chunk_rows = run.con.execute("SELECT count(*) FROM chunks").fetchall()[0][0]  # from the Parquet footers
+    parts = max(1, math.ceil(chunk_rows / ITL_PART_ROWS))
+    run.con.execute(sql("itl_samples").format(parts=int(parts)))
+    for part in range(1, parts):
+        run.con.execute(sql("itl_samples_add").format(parts=int(parts), part=int(part)))
     row = _one(run, "itl")
 
     def batches():

@@ -74,3 +74,28 @@ def test_report_itl_percentiles_are_quantile_cont_of_the_samples(tmp_path):
         run.con.close()
     assert dist.count > 10_000
     assert [dist.percentiles[round(p * 100)] for p in PROBS] == want
+
+
+def test_itl_samples_built_in_parts_equal_one_part(tmp_path, monkeypatch):
+    # Large runs build the ITL samples part by part (requests split by a hash of their id): the
+    # distribution is that of the single-part build.
+    import reports.metrics as metrics
+
+    trace = write_trace(tmp_path / "trace.parquet", TraceSpec(n_requests=600, seed=9))
+    outdir = write_run(tmp_path / "run", trace, RunSpec(seed=4))
+
+    def itl(part_rows):
+        monkeypatch.setattr(metrics, "ITL_PART_ROWS", part_rows)
+        run = open_run(outdir)
+        try:
+            row, hists = metrics.itl_row(run, histograms=True)
+        finally:
+            run.con.close()
+        return row, hists["itl"]
+
+    whole, whole_hist = itl(10**9)
+    split, split_hist = itl(1_000)  # about 20 parts
+    assert split_hist == whole_hist
+    assert {k: split[k] for k in ("itl_count", "itl_max", "itl_quantiles")} == \
+        {k: whole[k] for k in ("itl_count", "itl_max", "itl_quantiles")}
+    assert split["itl_mean"] == pytest.approx(whole["itl_mean"], rel=1e-14)
