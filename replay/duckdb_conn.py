@@ -1,17 +1,17 @@
 """DuckDB connections with a memory budget: past it DuckDB spills to a private temp directory instead
-of growing, so a report, a diff or ``replay inspect`` on a million-request run stays under 2 GB.
+of growing, so a report, a diff or `replay sql` on a million-request run stays under 2 GB.
 
 DuckDB's default budget is 80% of the machine's memory, and with no temp directory set it would spill
-into ``.tmp`` under the user's working directory. Each connection gets its own directory from
-``tempfile.mkdtemp``; DuckDB creates and deletes the ``spill`` folder inside it, and the empty parent
-is removed when the connection is garbage collected (or at exit).
+into ``.tmp`` under the user's working directory. Each connection names its own directory under the
+system temp dir (process id and a random suffix); DuckDB creates it only if a query spills and deletes
+it when the connection closes, so nothing is left behind unless the process is killed mid-spill.
 """
 
 from __future__ import annotations
 
-import shutil
+import os
+import secrets
 import tempfile
-import weakref
 from pathlib import Path
 
 import duckdb
@@ -22,18 +22,17 @@ import duckdb
 MEMORY_LIMIT_MB = 1024
 
 
+def spill_directory() -> Path:
+    """A fresh, not yet existing directory name under the system temp dir."""
+    return Path(tempfile.gettempdir()) / f"replay-duckdb-{os.getpid()}-{secrets.token_hex(6)}"
+
+
 def connect(memory_limit_mb: int = MEMORY_LIMIT_MB, *, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB database that spills past ``memory_limit_mb`` to its own temp directory."""
-    parent = tempfile.mkdtemp(prefix="replay-duckdb-")
     config: dict[str, object] = {"memory_limit": f"{int(memory_limit_mb)}MB",
-                                 "temp_directory": str(Path(parent) / "spill")}
+                                 "temp_directory": str(spill_directory())}
     if threads is not None:
         config["threads"] = int(threads)
-    try:
-        con = duckdb.connect(config=config)
-    except BaseException:
-        shutil.rmtree(parent, ignore_errors=True)
-        raise
-    weakref.finalize(con, shutil.rmtree, parent, True)
+    con = duckdb.connect(config=config)
     con.execute("SET enable_progress_bar = false")  # a long (spilling) query must not draw on our stdout
     return con
