@@ -66,50 +66,82 @@ def _summary(table: pa.Table) -> dict[str, Any]:
     }
 
 
-def _ordered_ids(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dense id per reference, row offsets, input tokens) with rows in arrival order."""
-    order = pc.sort_indices(table, sort_keys=[("arrival_ms", "ascending")])
-    ids = table.column("hash_ids").take(order).combine_chunks()
-    inputs = table.column("input_tokens").take(order).to_numpy().astype(np.int64)
-    ids = ids.fill_null([]) if ids.null_count else ids
+# Rows per block of the reuse passes: the per-reference temporaries (row numbers, hit flags, Python
+# ints of the LRU walk) exist for one block at a time, so a 10 M-row trace's 73 M references never
+# have a full-length int64 (or list) copy (issue 16: inspect peaked at 5.6 GB).
+BLOCK_ROWS = 1 << 18
+
+
+def _ordered_ids(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(dense id per reference, row offsets, input tokens, distinct ids) with rows in arrival order.
+
+    Dense ids number the distinct hash ids (Arrow's hash-based dictionary encoding, int32 indices):
+    every figure depends only on which references share an id, never on the numbering. A trace
+    already in arrival order (every ingested trace) is read as is, without a reordered copy."""
+    ids, inputs = table.column("hash_ids"), table.column("input_tokens")
+    arrival = table.column("arrival_ms").to_numpy()
+    if len(arrival) > 1 and not bool(np.all(arrival[1:] >= arrival[:-1])):
+        order = pc.sort_indices(table, sort_keys=[("arrival_ms", "ascending")])  # stable: ties keep file order
+        ids, inputs = ids.take(order), inputs.take(order)
+    inputs = inputs.to_numpy().astype(np.int64)
+    if ids.null_count:
+        ids = ids.fill_null([])
     lengths = pc.list_value_length(ids).fill_null(0).to_numpy().astype(np.int64)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    flat = pc.list_flatten(ids).to_numpy()
-    _, dense = np.unique(flat, return_inverse=True)
-    return dense.astype(np.int64), offsets, inputs
+    encoded = pc.dictionary_encode(pc.list_flatten(ids))  # one dictionary shared by every chunk
+    chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
+    dense = np.concatenate([c.indices.to_numpy() for c in chunks]) if chunks else np.empty(0, np.int32)
+    distinct = len(chunks[0].dictionary) if chunks else 0
+    return dense, offsets, inputs, distinct
+
+
+def _row_blocks(offsets: np.ndarray):
+    """(first row, end row, first reference, end reference) of each block of BLOCK_ROWS rows."""
+    n_rows = len(offsets) - 1
+    for r0 in range(0, n_rows, BLOCK_ROWS):
+        r1 = min(r0 + BLOCK_ROWS, n_rows)
+        yield r0, r1, int(offsets[r0]), int(offsets[r1])
 
 
 def _leading_runs(seen: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Per row, the number of leading True values in its slice of ``seen``."""
-    n_rows = len(offsets) - 1
-    lengths = np.diff(offsets)
-    row_of = np.repeat(np.arange(n_rows), lengths)
-    pos = np.arange(len(seen)) - offsets[:-1][row_of]
-    first_miss = np.where(seen, np.iinfo(np.int64).max, pos)
-    runs = lengths.copy()
-    if len(seen):
-        np.minimum.at(runs, row_of, first_miss)
-    return runs
+    """Per row, the number of leading True values in its slice of ``seen`` (``offsets`` index ``seen``):
+    the distance from the row's start to its first miss, or the row's length if it has none."""
+    starts, ends = offsets[:-1], offsets[1:]
+    misses = np.flatnonzero(~seen)
+    if not len(misses):
+        return ends - starts
+    k = np.searchsorted(misses, starts)
+    first_miss = misses[np.minimum(k, len(misses) - 1)]
+    first_miss = np.where(k < len(misses), first_miss, ends)
+    return np.minimum(first_miss, ends) - starts
 
 
-def reuse_figures(dense: np.ndarray, offsets: np.ndarray, inputs: np.ndarray, block_size: int) -> dict[str, Any]:
-    """Block reuse and infinite-cache token prefix hit (vectorised)."""
+def reuse_figures(dense: np.ndarray, offsets: np.ndarray, inputs: np.ndarray, block_size: int,
+                  distinct: int | None = None) -> dict[str, Any]:
+    """Block reuse and infinite-cache token prefix hit (vectorised, one block of rows at a time)."""
     n_refs = len(dense)
     if n_refs == 0:
         return {"block_references": 0, "unique_blocks": 0, "block_reuse_fraction": None,
                 "token_prefix_hit_infinite": None}
-    row_of = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    first_row = np.full(int(dense.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first_row, dense, row_of)
-    seen = first_row[dense] < row_of
-    runs = _leading_runs(seen, offsets)
+    distinct = int(dense.max()) + 1 if distinct is None else distinct
+    lengths = np.diff(offsets)
+    row_type = np.int32 if len(lengths) < np.iinfo(np.int32).max else np.int64
+    first_row = np.full(distinct, np.iinfo(row_type).max, dtype=row_type)  # the first row using each id
+    for r0, r1, lo, hi in _row_blocks(offsets):
+        np.minimum.at(first_row, dense[lo:hi], np.repeat(np.arange(r0, r1, dtype=row_type), lengths[r0:r1]))
+    runs = np.empty(len(lengths), dtype=np.int64)
+    n_seen = 0
+    for r0, r1, lo, hi in _row_blocks(offsets):
+        seen = first_row[dense[lo:hi]] < np.repeat(np.arange(r0, r1, dtype=row_type), lengths[r0:r1])
+        n_seen += int(seen.sum())
+        runs[r0:r1] = _leading_runs(seen, offsets[r0:r1 + 1] - lo)
     hit_tokens = np.minimum(runs * block_size, inputs).sum()
     total = inputs.sum()
     return {
         "block_references": int(n_refs),
-        "unique_blocks": int(len(first_row)),
-        "block_reuse_fraction": float(seen.mean()),
+        "unique_blocks": int(distinct),
+        "block_reuse_fraction": float(n_seen / n_refs),
         "token_prefix_hit_infinite": float(hit_tokens / total) if total else None,
     }
 
@@ -119,28 +151,29 @@ def lru_hit_rate(dense: np.ndarray, offsets: np.ndarray, capacity: int) -> float
     n_refs = len(dense)
     if n_refs == 0:
         return None
-    flat = dense.tolist()
-    bounds = offsets.tolist()
     cache: OrderedDict[int, None] = OrderedDict()
     move, evict = cache.move_to_end, cache.popitem
     hits = 0
-    for r in range(len(bounds) - 1):
-        row = flat[bounds[r]:bounds[r + 1]]
-        run = 0
-        for x in row:
-            if x not in cache:
-                break
-            run += 1
-        hits += run
-        for x in row[:run]:
-            move(x)
-        for x in row[run:]:
-            if x in cache:
+    for r0, r1, lo, hi in _row_blocks(offsets):
+        flat = dense[lo:hi].tolist()  # Python ints for one block of rows only
+        bounds = (offsets[r0:r1 + 1] - lo).tolist()
+        for r in range(len(bounds) - 1):
+            row = flat[bounds[r]:bounds[r + 1]]
+            run = 0
+            for x in row:
+                if x not in cache:
+                    break
+                run += 1
+            hits += run
+            for x in row[:run]:
                 move(x)
-            else:
-                cache[x] = None
-                if len(cache) > capacity:
-                    evict(last=False)
+            for x in row[run:]:
+                if x in cache:
+                    move(x)
+                else:
+                    cache[x] = None
+                    if len(cache) > capacity:
+                        evict(last=False)
     return hits / n_refs
 
 
@@ -164,8 +197,8 @@ def trace_stats(table: pa.Table, lru_blocks: tuple[int, ...] | list[int] = (), *
         return out
     if bs is None:
         raise ValueError("trace_stats: the table has hash ids but no hash_block_size metadata; pass block_size=")
-    dense, offsets, inputs = _ordered_ids(table)
-    figures = reuse_figures(dense, offsets, inputs, bs)
+    dense, offsets, inputs, distinct = _ordered_ids(table)
+    figures = reuse_figures(dense, offsets, inputs, bs, distinct)
     out.update(figures)
     out["input_tokens_total"] = input_total
     out["lru_hit"] = {str(c): lru_hit_rate(dense, offsets, int(c)) for c in lru_blocks}

@@ -17,6 +17,7 @@ import duckdb
 import numpy as np
 
 from replay.atomic import atomic_dir, write_json_atomic, write_text_atomic
+from replay.duckdb_conn import MEMORY_LIMIT_MB, connect
 from replay.errors import ReplayError
 from reports.bootstrap import CI_LEVEL, QUANTILE, PairedChange, paired_bootstrap
 from reports.charts import diff_charts, turn_label
@@ -28,6 +29,11 @@ from reports.report import charts_dir_for, check_report_outputs, run_files
 from reports.slo import Slo
 from reports.sqlfiles import sql
 from reports.views import VIEW_SQL, Run, _literal, open_run
+
+# The three databases the diff queries at once share one report's DuckDB budget (replay/duckdb_conn.py):
+# each run's metrics half of it, the paired statistics (requests only) a quarter.
+RUN_MEMORY_MB = MEMORY_LIMIT_MB // 2
+PAIRED_MEMORY_MB = MEMORY_LIMIT_MB // 4
 
 TOP_N = 10
 SAME_TOLERANCE = 1e-3  # |relative change| below 0.1% counts as a tie when naming winners
@@ -101,7 +107,7 @@ def _rows(con: duckdb.DuckDBPyConnection, name: str, **params: Any) -> list[dict
 
 
 def _paired(a: Run, b: Run, seed: int, resamples: int | None, threads: int) -> tuple[dict, dict, list, list]:
-    con = duckdb.connect(config={"threads": threads})
+    con = connect(PAIRED_MEMORY_MB, threads=threads)
     try:
         for name, run in (("a_requests", a), ("b_requests", b)):
             path = (run.outdir / "requests.parquet").resolve()
@@ -133,7 +139,8 @@ def diff_runs(dir_a: str | Path, dir_b: str | Path, *, slo: Slo | None = None, n
     half the cores: two queries on one core each cost less than one query split over two. The
     infinite-cache ideal depends on the trace only, so A computes it and B borrows it
     (``share_ideal``). Every result is the one computing them one after the other gives (tested)."""
-    a, b = open_run(dir_a), open_run(dir_b)
+    a = open_run(dir_a, connect(RUN_MEMORY_MB))
+    b = open_run(dir_b, connect(RUN_MEMORY_MB))
     try:
         check_same_trace(a, b)
         threads = _threads_each(a.con)

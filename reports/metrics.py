@@ -14,6 +14,7 @@ from typing import Any, Literal
 import numpy as np
 
 from reports.fleet import fleet_metrics
+from reports.quantiles import quantile_cont
 from reports.slo import Slo
 from reports.sqlfiles import sql
 from reports.views import Run, build_trace_ideal, query_errors
@@ -90,8 +91,8 @@ def _clean(obj: Any) -> Any:
 def _one(run: Run, name: str, **params: Any) -> dict[str, Any]:
     cur = run.query(name, **params)
     cols = [d[0] for d in cur.description]
-    row = cur.fetchone()
-    return dict(zip(cols, row, strict=True)) if row is not None else dict.fromkeys(cols)
+    rows = cur.fetchall()  # not fetchone: DuckDB 2.0 refuses a relation query while a result is unfinished
+    return dict(zip(cols, rows[0], strict=True)) if rows else dict.fromkeys(cols)
 
 
 def _rows(run: Run, name: str, **params: Any) -> list[dict[str, Any]]:
@@ -134,6 +135,35 @@ def _histograms(run: Run) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
+ITL_BATCH_ROWS = 1 << 20  # ITL samples per streamed batch of the quantile passes (8 MB)
+# Chunk rows per part of the ITL sample build (itl_gaps.sql): runs up to this size take one part (the
+# 1 M-request benchmark fixture has 19 M), larger ones as many parts as needed to stay under it.
+ITL_PART_ROWS = 20_000_000
+
+
+def itl_row(run: Run, *, histograms: bool) -> tuple[dict[str, Any], dict[str, list[tuple[int, int]]]]:
+    """The pooled ITL row (count, mean, max, quantiles as latency.sql names them) and, if asked, every
+    latency histogram. The samples are materialized once in DuckDB (which spills them past its memory
+    limit), on large runs one part of the requests at a time (itl_gaps.sql), and their quantiles
+    selected in streamed passes (reports/quantiles.py), so no step holds all of them in memory at once."""
+    chunk_rows = run.con.execute("SELECT count(*) FROM chunks").fetchall()[0][0]  # from the Parquet footers
+    parts = max(1, math.ceil(chunk_rows / ITL_PART_ROWS))
+    run.con.execute(sql("itl_samples").format(parts=int(parts)))
+    for part in range(1, parts):
+        run.con.execute(sql("itl_samples_add").format(parts=int(parts), part=int(part)))
+    row = _one(run, "itl")
+
+    def batches():
+        # A relation streams its result batch by batch (DuckDB 2.0: a DB-API result is materialized).
+        for batch in run.con.sql(sql("itl_values")).to_arrow_reader(ITL_BATCH_ROWS):
+            yield batch.column(0).to_numpy()
+
+    row["itl_quantiles"] = quantile_cont(batches, int(row["itl_count"] or 0), PROBS)
+    hists = _histograms(run) if histograms else {k: [] for k in LATENCIES}
+    run.con.execute("DROP TABLE itl_samples")
+    return row, hists
+
+
 def nice_bucket_ms(span_ms: float) -> float:
     """A round bucket width giving about TIME_BUCKETS_TARGET buckets over the span."""
     steps_s = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 21600, 43200, 86400)
@@ -169,10 +199,7 @@ def _reuse(run: Run) -> dict[str, Any]:
 def _compute(run: Run, slo: Slo | None, with_ideal: bool) -> RunMetrics:
     probs = list(PROBS)
     lat = _one(run, "latency", probs=probs)
-    run.con.execute(sql("itl_samples"))
-    itl = _one(run, "itl", probs=probs)
-    hists = _histograms(run)
-    run.con.execute("DROP TABLE itl_samples")
+    itl, hists = itl_row(run, histograms=True)
     dists = {k: _dist(itl if k == "itl" else lat, k, hists[k]) for k in LATENCIES}
     throughput = _one(run, "throughput")
     goodput = None

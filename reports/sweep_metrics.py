@@ -9,9 +9,8 @@ that run.
 
 from __future__ import annotations
 
-from reports.metrics import LATENCIES, PROBS, RunMetrics, _dist, _one
+from reports.metrics import LATENCIES, PROBS, RunMetrics, _dist, _one, itl_row
 from reports.slo import Slo
-from reports.sqlfiles import sql
 from reports.views import Run
 
 
@@ -19,9 +18,7 @@ def summary_metrics(run: Run, slo: Slo | None = None) -> RunMetrics:
     """A RunMetrics whose headline() rows are complete; cdf, over-time and ideal fields are empty."""
     probs = list(PROBS)
     lat = _one(run, "latency", probs=probs)
-    run.con.execute(sql("itl_samples"))
-    itl = _one(run, "itl", probs=probs)
-    run.con.execute("DROP TABLE itl_samples")
+    itl, _ = itl_row(run, histograms=False)
     goodput = None
     if slo is not None and not slo.empty:
         goodput = _one(run, "goodput", ttft=slo.ttft, tpot=slo.tpot, e2e=slo.e2e)

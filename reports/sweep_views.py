@@ -12,6 +12,7 @@ from typing import Any
 import duckdb
 
 from engine.output_schema import REQUESTS_FILE, STEPS_FILE
+from replay.duckdb_conn import connect
 from replay.errors import ReplayError
 from reports.sqlfiles import sql
 
@@ -56,7 +57,7 @@ def open_sweep(root: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
     if not table.is_file():
         raise ReplayError(f"{root}: no {TABLE_FILE} yet (the sweep has not finished: rerun `replay sweep` "
                           "with the same arguments to complete it)")
-    con = con if con is not None else duckdb.connect()
+    con = con if con is not None else connect()
     con.execute(f"CREATE OR REPLACE VIEW sweep AS SELECT * FROM read_parquet({_literal(str(table.resolve()))})")
     names = [r[0] for r in con.execute("SELECT column_name FROM (DESCRIBE sweep)").fetchall()]
     axes = names[:names.index(FIRST_METRIC)] if FIRST_METRIC in names else []  # always the table's own

@@ -54,6 +54,66 @@ def test_lru_leading_run_stops_at_first_miss() -> None:
     assert s["lru_hit"]["10"] == pytest.approx(1 / 6)  # id 2 is cached but after the miss on 5
 
 
+def _reference_stats(rows: list[tuple[int, int, list[int] | None]], block: int, caps: list[int]) -> dict:
+    """The module doc's definitions, row by row in plain Python (stable arrival order)."""
+    ordered = [r for _, r in sorted(enumerate(rows), key=lambda e: (e[1][0], e[0]))]
+    seen_before: set[int] = set()
+    refs = hits = tokens = total = 0
+    for _, inp, ids in ordered:
+        ids = ids or []
+        refs += len(ids)
+        hits += sum(1 for x in ids if x in seen_before)
+        run = next((k for k, x in enumerate(ids) if x not in seen_before), len(ids))
+        tokens += min(run * block, inp)
+        total += inp
+        seen_before.update(ids)
+    lru = {}
+    for cap in caps:
+        cache: list[int] = []
+        got = 0
+        for _, _, ids in ordered:
+            ids = ids or []
+            run = next((k for k, x in enumerate(ids) if x not in cache), len(ids))
+            got += run
+            for x in ids:
+                if x in cache:
+                    cache.remove(x)
+                cache.append(x)
+                if len(cache) > cap:
+                    cache.pop(0)
+        lru[str(cap)] = got / refs if refs else None
+    return {"block_references": refs, "unique_blocks": len(seen_before),
+            "block_reuse_fraction": hits / refs, "token_prefix_hit_infinite": tokens / total, "lru_hit": lru}
+
+
+@pytest.mark.parametrize("block_rows", [1, 3, 1 << 18])
+def test_reuse_figures_block_by_block_equal_the_definitions(block_rows, monkeypatch) -> None:
+    # The reuse passes work on blocks of rows (bounded memory at 10 M rows): any block size gives the
+    # figures of the definitions, on unsorted arrivals (with ties), rows without ids and a chunked table.
+    import random
+
+    import ingest.stats as stats
+
+    monkeypatch.setattr(stats, "BLOCK_ROWS", block_rows)
+    rng = random.Random(block_rows)
+    for _ in range(20):
+        rows = [(rng.randrange(40), rng.randrange(1, 400),
+                 None if rng.random() < 0.1 else [rng.randrange(25) for _ in range(rng.randrange(6))])
+                for _ in range(rng.randrange(1, 120))]
+        t = _table([(a, i, ids if ids is not None else []) for a, i, ids in rows])
+        if len(rows) > 2:
+            t = pa.concat_tables([t.slice(0, len(rows) // 2), t.slice(len(rows) // 2)])
+        got = trace_stats(t, lru_blocks=(1, 4, 50), block_size=16)
+        want = _reference_stats(rows, 16, [1, 4, 50])
+        if not want["block_references"]:
+            continue
+        for key in ("block_references", "unique_blocks"):
+            assert got[key] == want[key]
+        for key in ("block_reuse_fraction", "token_prefix_hit_infinite"):
+            assert got[key] == pytest.approx(want[key], rel=1e-12)
+        assert got["lru_hit"] == pytest.approx(want["lru_hit"], rel=1e-12)
+
+
 def test_stats_need_block_size_when_ids_present() -> None:
     with pytest.raises(ValueError, match="block_size"):
         trace_stats(_table([(0, 10, [1])]))

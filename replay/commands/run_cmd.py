@@ -12,6 +12,17 @@ from replay.atomic import check_output_dir
 from replay.commands._common import console, user_errors
 
 
+def _release_memory() -> None:
+    """Before the summary: collect the engine's reference cycles and hand the pages Arrow's allocator
+    keeps for reuse back to the system, so the summary's queries do not stack on the replay's peak."""
+    import gc
+
+    import pyarrow as pa
+
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+
+
 def run(
     trace: Path = typer.Argument(..., help="Canonical Parquet trace, or any file `replay ingest` reads."),
     config: Path | None = typer.Option(None, "--config", "-c", help="Engine config YAML (default: vLLM defaults, Llama-3.1-8B on H200)."),
@@ -58,6 +69,8 @@ def run(
         if not quiet:
             from replay.run_summary import print_run_summary
 
+            del table  # the summary reads the run's files: give the engine's memory back first
+            _release_memory()
             print_run_summary(summary.outdir, summary.run_info, wall, console)
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
+from replay.duckdb_conn import connect
 from replay.sweep.slo import SweepSlo
 from reports.metrics import LATENCIES, SUMMARY_PERCENTILES, headline
 from reports.sweep_metrics import summary_metrics
@@ -38,7 +37,7 @@ def gpus_used(config: dict[str, Any]) -> int:
 
 def summarize(outdir: str | Path, config: dict[str, Any], slo: SweepSlo) -> dict[str, Any]:
     """The summary metrics of one finished run directory."""
-    con = duckdb.connect(config={"threads": 1})  # one thread: same float sums every time, no oversubscription
+    con = connect(threads=1)  # one thread: same float sums every time, no oversubscription
     try:
         run = open_run(outdir, con)
         rows = {r.key: r.value for r in headline(summary_metrics(run, slo.goodput))}

@@ -1,0 +1,170 @@
+"""Peak memory of every command at scale (issue 16): each command in its own process, against 2 GB.
+
+    python bench/bench_memory.py --work /tmp/bench-memory            # every case (about 25 min, 6 GB of disk)
+    python bench/bench_memory.py --work /tmp/bench-memory --reuse --only report --only inspect-ids
+
+Target: peak RSS under 2 GB (2,048 MB) at 1 M requests / 10 M trace rows. Peak is ``ru_maxrss`` of
+the command's own process (``wait4``). The parent only starts processes (fixtures are built by child
+processes too), so it stays far below what it measures: on Linux a child inherits its parent's
+high-water RSS across fork + exec (bench/README.md, "Measurement notes").
+
+Fixtures, under --work (kept, and reused with --reuse; delete the directory when done):
+
+* ``reports/``: a 1 M-request trace and two replay outputs of it built without the engine
+  (tests/reports_fixtures.py, as bench/bench_reports.py: about 19 M chunk rows), and a denser output of
+  a second 1 M-request trace at 278 requests/s (about 51 M chunk rows, 50 M pooled ITL samples);
+* ``trace10m.parquet``: a 10 M-row canonical trace with hash ids (tests/reports_fixtures.py, about 8
+  hash ids a row);
+* ``azure10m.csv`` and ``azure10m_ooo.csv``: the 10 M-row Azure-style CSV of bench/bench_ingest.py, and
+  the same rows with the first two moved to the end (out of time order: ingest must sort);
+* ``synth1m.parquet``: `replay synth` of 1 M requests (bench_engine.py's synth-100k, ten times longer),
+  replayed by the two `replay run` cases (about 6 min each on this machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_MB = 2048
+RUN_CONFIG = ROOT / "bench" / "compare" / "configs" / "synth-100k.yaml"
+DENSE_RATE = 1_000_000 / 3600  # requests/s of the dense reports fixture: 1 M requests in an hour
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "replay.cli", *args]
+
+
+# name -> (fixture it needs, what it measures, command builder over the work dir)
+CASES = {
+    "report": ("reports", "replay report, 1 M requests, 19 M chunk rows (charts, --json)",
+               lambda w: _cli("report", str(w / "reports" / "a"), "-o", str(w / "out" / "report.md"),
+                              "--json", str(w / "out" / "report.json"))),
+    "report-dense": ("reports-dense", "replay report, 1 M requests, 51 M chunk rows (charts, --json)",
+                     lambda w: _cli("report", str(w / "reports-dense" / "a"), "-o", str(w / "out" / "dense.md"),
+                                    "--json", str(w / "out" / "dense.json"))),
+    "diff": ("reports", "replay diff of two 1 M-request runs (paired bootstrap, charts)",
+             lambda w: _cli("diff", str(w / "reports" / "a"), str(w / "reports" / "b"), "-o", str(w / "out" / "diff.md"))),
+    "inspect-ids": ("trace10m", "replay inspect, 10 M rows with hash ids (reuse, 3 LRU sizes)",
+                    lambda w: _cli("inspect", str(w / "trace10m.parquet"))),
+    "inspect-csv": ("azure10m", "replay inspect, 10 M-row Azure-style CSV",
+                    lambda w: _cli("inspect", str(w / "azure10m.csv"))),
+    "ingest": ("azure10m", "replay ingest, 10 M-row Azure-style CSV",
+               lambda w: _cli("ingest", str(w / "azure10m.csv"), "-o", str(w / "out" / "azure10m.parquet"))),
+    "ingest-ooo": ("azure10m", "replay ingest, the same rows with 2 out of time order",
+                   lambda w: _cli("ingest", str(w / "azure10m_ooo.csv"), "-o", str(w / "out" / "ooo.parquet"))),
+    "run-quiet": ("synth1m", "replay run -q, 1 M requests",
+                  lambda w: _cli("run", str(w / "synth1m.parquet"), "-c", str(RUN_CONFIG), "-o",
+                                 str(w / "out" / "run-q"), "-q")),
+    "run": ("synth1m", "replay run with progress bar and summary table, 1 M requests",
+            lambda w: _cli("run", str(w / "synth1m.parquet"), "-c", str(RUN_CONFIG), "-o", str(w / "out" / "run"))),
+}
+
+
+def _child(kind: str, work: Path) -> None:
+    """Build one fixture (in its own process, so the parent stays small)."""
+    sys.path.insert(0, str(ROOT))
+    if kind in ("reports", "reports-dense"):
+        from tests.reports_fixtures import RunSpec, TraceSpec, write_run, write_trace
+
+        root = work / kind
+        rate = 100.0 if kind == "reports" else DENSE_RATE
+        trace = write_trace(root / "trace.parquet", TraceSpec(n_requests=1_000_000, seed=0, rate_rps=rate,
+                                                              mean_output=15.0 if kind == "reports" else 40.0))
+        write_run(root / "a", trace, RunSpec(seed=1))
+        if kind == "reports":
+            write_run(root / "b", trace, RunSpec(seed=2, latency_scale=1.3,
+                                                 config_overrides=(("scheduler.max_num_seqs", 256),)))
+    elif kind == "trace10m":
+        from tests.reports_fixtures import TraceSpec, write_trace
+
+        write_trace(work / "trace10m.parquet", TraceSpec(n_requests=10_000_000, seed=0, rate_rps=100.0))
+    elif kind == "azure10m":
+        from ingest.synth import SynthConfig, write_azure_csv
+
+        src = work / "azure10m.csv"
+        write_azure_csv(SynthConfig(requests=10_000_000, seed=0, rate=100.0, turns_mean=1), src)
+        with src.open("rb") as fin, (work / "azure10m_ooo.csv").open("wb") as fout:
+            header, first, second = fin.readline(), fin.readline(), fin.readline()
+            fout.write(header)
+            shutil.copyfileobj(fin, fout, 1 << 24)  # the file has no final newline
+            fout.write(b"\r\n" + first + second.rstrip(b"\r\n"))
+    elif kind == "synth1m":
+        subprocess.run(_cli("synth", "-n", "1000000", "--seed", "0", "--arrival", "poisson", "--rate", "3.0",
+                            "--turns-mean", "3.0", "-o", str(work / "synth1m.parquet")), check=True, cwd=ROOT)
+    else:
+        raise SystemExit(f"unknown fixture {kind}")
+
+
+def _built(kind: str, work: Path) -> bool:
+    marker = {"reports": work / "reports" / "b" / "run.json", "reports-dense": work / "reports-dense" / "a" / "run.json",
+              "trace10m": work / "trace10m.parquet", "azure10m": work / "azure10m_ooo.csv",
+              "synth1m": work / "synth1m.parquet"}[kind]
+    return marker.exists()
+
+
+def _measure(cmd: list[str]) -> dict:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({code}):\n{err[-2000:]}")
+    return {"wall_s": round(wall, 1), "peak_mb": round(usage.ru_maxrss / 1024.0)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, default=None, help="fixtures and outputs go here (default: a temp dir, removed)")
+    ap.add_argument("--reuse", action="store_true", help="reuse fixtures an earlier run left in --work")
+    ap.add_argument("--only", action="append", choices=list(CASES), help="run only these cases")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--child", nargs=2, metavar=("FIXTURE", "WORK"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        _child(args.child[0], Path(args.child[1]))
+        return 0
+    tmp = None if args.work else tempfile.mkdtemp(prefix="bench-memory-")
+    work = (args.work or Path(tmp)).resolve()
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        results = []
+        built: set[str] = set()
+        for name in args.only or list(CASES):
+            fixture, what, build = CASES[name]
+            if fixture not in built and not (args.reuse and _built(fixture, work)):
+                t0 = time.perf_counter()
+                subprocess.run([sys.executable, __file__, "--child", fixture, str(work)], check=True, cwd=ROOT)
+                print(f"(built {fixture} in {time.perf_counter() - t0:.0f} s)", flush=True)
+            built.add(fixture)
+            (work / "out").mkdir(exist_ok=True)
+            row = {"case": name, "what": what, **_measure(build(work))}
+            row["meets_target"] = row["peak_mb"] < TARGET_MB
+            results.append(row)
+            print(json.dumps(row), flush=True)
+        print()
+        print(f"| case | what | wall s | peak MB | target < {TARGET_MB:,} MB |")
+        print("|---|---|---:|---:|---|")
+        for r in results:
+            print(f"| {r['case']} | {r['what']} | {r['wall_s']} | {r['peak_mb']:,} | "
+                  f"{'met' if r['meets_target'] else 'MISSED'} |")
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+        return 0 if all(r["meets_target"] for r in results) else 1
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
