@@ -26,7 +26,8 @@ ids = st.integers(min_value=0, max_value=U64)
 def valid_row(draw) -> dict:
     n_in = draw(st.integers(min_value=1, max_value=200))
     return {
-        "timestamp": draw(st.integers(min_value=0, max_value=10**9)),
+        # below 1e9: a value from 1e9 on reads as an epoch-seconds clock and is refused (ingest/columns.py)
+        "timestamp": draw(st.integers(min_value=0, max_value=10**9 - 1)),
         "input_length": n_in,
         "output_length": draw(st.integers(min_value=1, max_value=2**31 - 1)),
         "hash_ids": draw(st.lists(ids, min_size=math.ceil(n_in / BLOCK), max_size=math.ceil(n_in / BLOCK))),
