@@ -52,6 +52,20 @@ class SchedulerOutput:
         self.num_preempted = 0
         self.total_tokens = 0
 
+    def count(self, before: int, n: int, known: int, sign: int = 1) -> int:
+        """Add (``sign`` 1) or take back (-1) the share of one request scheduled for ``n`` tokens
+        from ``before`` computed of ``known``; returns its drafts (decodes: trimmed to the budget)."""
+        if known - before <= 1:
+            self.num_decode_reqs += sign
+            self.decode_query_tokens += sign * n
+            self.decode_ctx_tokens += sign * (before + n)
+            return n - 1
+        self.num_prefill_reqs += sign
+        self.prefill_tokens += sign * n
+        self.prefill_ctx_tokens += sign * before
+        self.prefill_attn_work += sign * (n * before + n * (n + 1) // 2)
+        return 0
+
 
 class Scheduler:
     def __init__(self, limits: SchedulerLimits, kv: KVCacheManager,
@@ -118,7 +132,6 @@ class Scheduler:
         # counted (and its state advanced) at once, so the running set is walked once per step.
         running = self.running
         drafts_list = out.num_drafts
-        n_pre = pre_tok = pre_ctx = pre_work = n_dec = dec_q = dec_ctx = 0
         i = 0
         preempted_any = False
         while i < len(running) and budget > 0:
@@ -157,16 +170,8 @@ class Scheduler:
                         del drafts_list[j]
                         vn = sched_tokens.pop(j)
                         budget += vn
-                        vbefore = victim.num_computed_tokens - vn
-                        if victim.num_prompt_tokens + victim.num_output_tokens - vbefore <= 1:
-                            n_dec -= 1
-                            dec_q -= vn
-                            dec_ctx -= vbefore + vn
-                        else:
-                            n_pre -= 1
-                            pre_tok -= vn
-                            pre_ctx -= vbefore
-                            pre_work -= vn * vbefore + vn * (vn + 1) // 2
+                        out.count(victim.num_computed_tokens - vn, vn,
+                                  victim.num_prompt_tokens + victim.num_output_tokens, -1)
                     self._preempt(victim)
                     preempted_any = True
                     out.num_preempted += 1
@@ -178,17 +183,7 @@ class Scheduler:
                         continue  # vLLM 0.33: later (higher-priority) requests may still fit
                     break
             prefill_scheduled |= r.is_prefill_chunk
-            if known - before <= 1:
-                drafts = n - 1  # drafts trimmed to what the budget allowed
-                n_dec += 1
-                dec_q += n
-                dec_ctx += done
-            else:
-                drafts = 0
-                n_pre += 1
-                pre_tok += n
-                pre_ctx += before
-                pre_work += n * before + n * (n + 1) // 2
+            drafts = out.count(before, n, known)
             r.num_draft_tokens = drafts
             r.is_prefill_chunk = done < known
             r.num_computed_tokens = done  # optimistic, as vLLM does
@@ -206,32 +201,15 @@ class Scheduler:
             for r, n in zip(islice(sched_reqs, num_running_scheduled, None),
                             islice(sched_tokens, num_running_scheduled, None)):
                 before = r.num_computed_tokens
-                left = r.num_prompt_tokens + r.num_output_tokens - before
-                if left <= 1:
-                    drafts = n - 1
-                    n_dec += 1
-                    dec_q += n
-                    dec_ctx += before + n
-                else:
-                    drafts = 0
-                    n_pre += 1
-                    pre_tok += n
-                    pre_ctx += before
-                    pre_work += n * before + n * (n + 1) // 2
+                known = r.num_prompt_tokens + r.num_output_tokens
+                drafts = out.count(before, n, known)
                 r.num_draft_tokens = drafts
-                r.is_prefill_chunk = before + n < r.num_prompt_tokens + r.num_output_tokens
+                r.is_prefill_chunk = before + n < known
                 drafts_list.append(drafts)
                 if r.first_scheduled_ms < 0:
                     r.first_scheduled_ms = now_ms
                 r.num_computed_tokens = before + n
-        out.num_prefill_reqs = n_pre
-        out.prefill_tokens = pre_tok
-        out.prefill_ctx_tokens = pre_ctx
-        out.prefill_attn_work = pre_work
-        out.num_decode_reqs = n_dec
-        out.decode_query_tokens = dec_q
-        out.decode_ctx_tokens = dec_ctx
-        out.total_tokens = pre_tok + dec_q
+        out.total_tokens = out.prefill_tokens + out.decode_query_tokens
         if self.offload is not None and sched_reqs:
             self.offload.prepare_stores(sched_reqs, now_ms)
         return out
