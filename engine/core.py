@@ -53,6 +53,10 @@ class EngineCore:
         self.busy_ms = 0.0  # total duration of its steps
         self.inbox: list[tuple[float, int, int, Request]] = []  # routed, not yet queued: (ready, kind, seq, req)
         self.pending: tuple[SchedulerOutput, float, float] | None = None  # step in flight: (out, start, dur)
+        # Decode windows may end with a step that finishes requests (engine/decode_window.py) when
+        # the fleet says who to tell (on_finished) and which finishes concern nobody else.
+        self.on_finished: Callable[[Request, float, EngineCore], None] | None = None
+        self.finish_is_quiet: Callable[[Request], bool] | None = None
         self.wake_ms = math.inf  # time of this replica's live entry in the fleet's event heap
         self.version = 0  # bumps when that entry is superseded (older heap entries are then ignored)
 
@@ -121,12 +125,19 @@ class EngineCore:
         if not sched.has_unfinished():
             return self.own_next_event_ms(), False
         if self.ff_ok:
+            on_finished = self.on_finished
+            finished: list[Request] | None = [] if on_finished is not None else None
             end, taken = run_decode_window(sched, self.timer.step_ms, self.rec, now, horizon(self),
-                                           self.step_idx, replica=self.replica, steps_ms=self._steps_ms)
+                                           self.step_idx, replica=self.replica, steps_ms=self._steps_ms,
+                                           finished=finished, finish_is_quiet=self.finish_is_quiet)
             if taken:
                 self.step_idx += taken
                 self.busy_ms += end - now
                 self.now = end
+                if finished:
+                    for r in finished:
+                        self.rec.request_finished(r)
+                        on_finished(r, end, self)
                 if self.check_invariants:
                     self.check(None)
                 return end, False

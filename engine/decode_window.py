@@ -16,20 +16,32 @@ therefore invisible in every output.
 A window applies only when the step-by-step scheduler could make no other decision: nobody can be
 admitted (the queue is empty, or blocked until a request finishes: Scheduler.waiting_is_blocked),
 no arrival or other event falls before the step starts, every running request is
-decoding without drafts, the batch fits the token budget, and no request finishes inside the
-window. It ends early at the first step whose block allocation would fail (that step needs the
-real scheduler, which may preempt).
+decoding without drafts, the batch fits the token budget, and no request finishes before the
+window's last step. It ends early at the first step whose block allocation would fail (that step
+needs the real scheduler, which may preempt).
+
+The step that finishes requests ends the window when nothing can follow from the finish but the
+finish itself: the queue is empty (a finish could admit a waiting request), there is no G2 tier
+(it defers frees), no closed-loop turn or concurrency slot waits on the request (the fleet says
+so through ``finish_is_quiet``), and the step ends no later than the next event (which must not
+see the finishes early: the router reads running counts and free blocks). The window then does
+what update_from_output does at that step's end: the requests finish in running order and their
+blocks are freed; the step's row counts the requests still running. Otherwise the finishing step
+goes through the scheduler, as before. In a fleet of mostly idle replicas this halves the steps
+that need the scheduler (each request's last step no longer does).
 """
 
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
+from collections.abc import Callable
 from itertools import accumulate, islice, repeat
 
 import numpy as np
 
 from engine.recorder import Recorder
+from engine.request import Request
 from engine.scheduler import Scheduler
 
 
@@ -52,11 +64,17 @@ _ALLOC, _LOOKUP, _STORE = 0, 1, 2
 
 def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next_event_ms: float,
                       step_idx: int, min_steps: int = 3, replica: int = 0,
-                      steps_ms=None) -> tuple[float, int]:
+                      steps_ms=None, finished: list[Request] | None = None,
+                      finish_is_quiet: Callable[[Request], bool] | None = None) -> tuple[float, int]:
     """Fast-forward decode-only steps from ``now``; returns (new now, steps taken).
 
     ``steps_ms(nrun, ctx0, count)``: the timer's vectorised decode step times, bit-identical to
-    ``step_ms`` (RooflineTimer.decode_steps_ms); without it every step is timed by ``step_ms``."""
+    ``step_ms`` (RooflineTimer.decode_steps_ms); without it every step is timed by ``step_ms``.
+
+    ``finished``: when given, the window may end with the step that finishes requests (see the
+    module doc) and appends them there, in running order, already freed; the caller records them.
+    ``finish_is_quiet(r)`` says whether ``r``'s finish concerns nobody else (no closed-loop turn
+    waits on it)."""
     running = sched.running
     nrun = len(running)
     lim = sched.limits
@@ -74,9 +92,17 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
             remaining = to_len
         if remaining < m:
             m = remaining
-    m -= 1  # the step that finishes a request goes through the scheduler
+    m -= 1  # window step m finishes a request: it ends the window, or goes through the scheduler
     if m < min_steps or not sched.waiting_is_blocked():  # the queue check last: it may look up the head
         return now, 0
+    # The finishing step joins the window when its finishes concern nobody but this replica: nobody
+    # waits (a finish could admit them), no G2 tier (its frees are deferred), no closed-loop turn.
+    absorb = finished is not None and not sched.waiting and sched.offload is None
+    if absorb and finish_is_quiet is not None:
+        for r in running:
+            if _finishes_at(r, max_model_len) == m and not finish_is_quiet(r):
+                absorb = False
+                break
 
     kv = sched.kv
     bs = kv.block_size
@@ -86,6 +112,7 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     base = [r.num_computed_tokens for r in running]
     out0 = [r.num_output_tokens for r in running]
     ctx0 = sum(base) + nrun  # decode attention context of the first window step
+    cap = m + 1 if absorb else m  # steps the window may take
 
     # Step times: a step's duration depends only on its context, so they are computed in batches
     # (doubling) as the events below reach them. times[s] is when step s starts, times[s + 1] when
@@ -98,7 +125,7 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     batch = [_VECTOR_FIRST_BATCH if steps_ms is not None else 16]
 
     def extend() -> None:
-        k = min(batch[0], m - len(durations))
+        k = min(batch[0], cap - len(durations))
         c = ctx0 + len(durations) * nrun
         if steps_ms is not None and k >= _VECTOR_MIN_STEPS:
             new_arr = steps_ms(nrun, c, k)
@@ -115,7 +142,7 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
             times.extend(islice(accumulate(new, initial=times[-1]), 1, None))
         batch[0] *= 2
 
-    limit = m
+    limit = cap
 
     # Then the events, in step order: block allocations (a request crossing a block boundary), the
     # blocked head's CPU lookup, G2 stores. Columns that change only at events are filled in runs.
@@ -141,7 +168,7 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     storing: list[int] = []
     while events and events[0][0] < limit:
         s, kind, pos = events[0]
-        while s >= len(durations) and len(durations) < m and times[-1] < next_event_ms:
+        while s >= len(durations) and len(durations) < cap and times[-1] < next_event_ms:
             extend()
         if s >= len(durations) or times[s] >= next_event_ms:
             break  # step s starts at or after the next event: the window ends before it
@@ -188,6 +215,8 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     while len(durations) < limit and times[-1] < next_event_ms:
         extend()
     s = bisect_left(times, next_event_ms, 0, min(limit, len(durations)))
+    if s > m and times[s] > next_event_ms:
+        s = m  # the finishing step would end after the next event, which must not see its finishes
     if s == 0:
         for pos, r in enumerate(running):
             r.num_computed_tokens = base[pos]
@@ -199,6 +228,15 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
         r.num_output_tokens = out0[pos] + s
         if caching and r.num_computed_tokens // bs > r.num_cached_blocks:
             kv.allocate_slots(r, 0, None, 0)  # register the blocks decoding filled (see module doc)
+    num_running_after = nrun
+    if s > m and finished is not None:  # the last step finished requests (update_from_output), freed
+        done = sched.finish_decoded(times[s], max_model_len, finished)
+        num_running_after -= done
+        free_after = pool.get_num_free_blocks()
+        if free_changes[-1][0] == m:
+            free_changes[-1] = (m, free_after)
+        else:
+            free_changes.append((m, free_after))
     waiting = len(sched.waiting)
     starts = times[:s]
     ends = times[1:s + 1]
@@ -215,9 +253,17 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
                                  stored_col, cpu_used_col, cpu_usage_col, replica=replica)
     else:
         rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, kv_usage, kv_used,
-                                 replica=replica)
+                                 replica=replica, last_running=num_running_after)
     rec.emit_decode_chunks([r.idx for r in running], ends)
     return times[s], s
+
+
+def _finishes_at(r: Request, max_model_len: int) -> int:
+    """Window step (from now) whose token is ``r``'s last: its length limit or the model's."""
+    known = r.num_prompt_tokens + r.num_output_tokens
+    remaining = r.max_tokens - r.num_output_tokens
+    to_len = max_model_len - known
+    return (to_len if to_len < remaining else remaining) - 1
 
 
 def _runs_to_array(changes: list[tuple[int, int]], n: int) -> np.ndarray:

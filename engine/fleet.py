@@ -85,6 +85,14 @@ class FleetLoop:
         self._future: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         if plan.dependents and self._predict in ("offset", "static"):
             self._future = self._future_releases()
+        # Decode windows may take a step that finishes requests, unless a finish releases a request
+        # (concurrency mode) or a closed-loop turn waits on it (it could be routed anywhere).
+        if not plan.concurrency:
+            deps = plan.dependents
+            quiet = (lambda r: r.idx not in deps) if deps else None
+            for core in cores:
+                core.on_finished = self._on_finished
+                core.finish_is_quiet = quiet
         self._own_positions: list[np.ndarray] = []
         if self._predict == "static":
             targets = router.static_targets(plan.open_order)

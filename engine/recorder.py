@@ -114,8 +114,10 @@ class Recorder:
     def record_decode_window(self, first_step: int, starts: list[float], durations: list[float],
                              num_running: int, num_waiting: int, kv_usage: np.ndarray, kv_used: np.ndarray,
                              bytes_stored: np.ndarray | None = None, cpu_blocks_used: np.ndarray | None = None,
-                             cpu_usage: np.ndarray | None = None, replica: int = 0) -> None:
-        """Rows for a run of decode-only steps (engine/decode_window.py), column by column."""
+                             cpu_usage: np.ndarray | None = None, replica: int = 0,
+                             last_running: int | None = None) -> None:
+        """Rows for a run of decode-only steps (engine/decode_window.py), column by column.
+        ``last_running``: requests still running after the last step (it finished the others)."""
         n = len(starts)
         c = self._step_cols
         dt = self._step_dtypes
@@ -127,6 +129,8 @@ class Recorder:
         for j, value in ((3, num_running), (4, 0), (5, 0), (6, num_running), (7, num_running), (8, num_waiting),
                          (9, 0), (12, 0), (13, 0), (15, 0)):
             c[j].extend(array(codes[j], (value,)) * n)
+        if last_running is not None:
+            c[7][-1] = last_running
         c[10].frombytes(kv_usage.astype(dt[10]).tobytes())
         c[11].frombytes(kv_used.astype(dt[11]).tobytes())
         for j, col in ((14, bytes_stored), (16, cpu_blocks_used), (17, cpu_usage)):

@@ -434,6 +434,19 @@ class Scheduler:
                 finished.append(r)
         self._free_finished(finished, end_ms)  # chunk_tokens stays empty: every chunk is one token
 
+    def finish_decoded(self, end_ms: float, max_model_len: int, finished: list[Request]) -> int:
+        """A decode window's last step has emitted its tokens (counts already applied): finish the
+        requests it completed, as _update_without_drafts does, and return how many."""
+        done: list[Request] = []
+        for r in self.running:
+            if r.num_output_tokens >= r.max_tokens or r.num_prompt_tokens + r.num_output_tokens >= max_model_len:
+                r.status = RequestStatus.FINISHED
+                r.finish_ms = end_ms
+                done.append(r)
+        self._free_finished(done, end_ms)
+        finished.extend(done)
+        return len(done)
+
     def _free_finished(self, finished: list[Request], end_ms: float) -> None:
         if finished:
             running_status = RequestStatus.RUNNING
