@@ -46,7 +46,7 @@ class EngineCore:
         self.spec_k = scheduler.limits.num_spec_tokens
         self.ff_ok = fast_forward and self.spec_k == 0
         self.check_invariants = check_invariants
-        self._steps_ms = getattr(timer, "decode_steps_ms", None)  # vectorised window timing, if any
+        self._step_terms = getattr(timer, "decode_step_terms", None)  # compiled window timing, if any
         self.now = 0.0  # this replica's clock: the end of its step or window in flight
         self.step_idx = 0
         self.idle_spins = 0
@@ -128,7 +128,7 @@ class EngineCore:
             on_finished = self.on_finished
             finished: list[Request] | None = [] if on_finished is not None else None
             end, taken = run_decode_window(sched, self.timer.step_ms, self.rec, now, horizon(self),
-                                           self.step_idx, replica=self.replica, steps_ms=self._steps_ms,
+                                           self.step_idx, replica=self.replica, step_terms=self._step_terms,
                                            finished=finished, finish_is_quiet=self.finish_is_quiet)
             if taken:
                 self.step_idx += taken

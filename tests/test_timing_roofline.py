@@ -181,14 +181,22 @@ def test_params_from_profile_replace():
 
 @pytest.mark.parametrize("model,tp", [("meta-llama/Llama-3.1-8B", 1), ("meta-llama/Llama-3.1-70B", 4),
                                       ("Qwen/Qwen3-30B-A3B", 1), ("deepseek-ai/DeepSeek-V3", 8)])
-def test_vectorised_decode_steps_are_bit_identical_to_step_ms(model, tp):
-    """Decode windows time long runs of steps with decode_steps_ms; a single differing bit would
-    change the outputs, so every element must equal the scalar step_ms exactly."""
+def test_decode_window_step_times_are_bit_identical_to_step_ms(model, tp):
+    """Decode windows time runs of steps from decode_step_terms in compiled code; a single
+    differing bit would change the outputs, so every step must equal the scalar step_ms exactly,
+    and every start time the running sum of the durations."""
     from engine.config import EngineConfig
+    from engine.decode_window import decode_step_times
     from engine.timing import build_timer
 
     timer = build_timer(EngineConfig(model=model, tensor_parallel_size=tp))
     for nrun, ctx0 in ((1, 1), (3, 4097), (17, 123_457), (256, 2_000_003)):
-        vec = timer.decode_steps_ms(nrun, ctx0, 300).tolist()
+        durations: list[float] = []
+        times = [12.5]
+        decode_step_times(timer.decode_step_terms(nrun), nrun, ctx0, 300, durations, times)
         scalar = [timer.step_ms(0, 0, 0, 0, nrun, nrun, ctx0 + i * nrun, 0) for i in range(300)]
-        assert vec == scalar
+        assert durations == scalar
+        t = 12.5
+        for i, d in enumerate(scalar):
+            t += d
+            assert times[i + 1] == t

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-import numpy as np
-
 from engine.hardware import HardwareProfile
 from engine.models import ModelSpec
 from engine.timing.base import StepBreakdown, StepShape
@@ -203,14 +201,14 @@ class RooflineTimer:
         soon a request can finish (engine/fleet.py)."""
         return self.step_ms(1, 1, 0, 0, 0, 0, 0, 0)
 
-    def decode_steps_ms(self, nrun: int, ctx0: int, count: int) -> np.ndarray:
-        """``step_ms`` of ``count`` decode-only steps of ``nrun`` requests (one token each, no
-        drafts) whose decode context starts at ``ctx0`` and grows by ``nrun`` a step: the decode
-        windows' steps. The same operations in the same order as ``step_ms``, on arrays, so every
-        element is bit-identical to the scalar call (tests/test_timing_roofline.py checks it).
-        The constant part repeats step_ms's first lines on purpose: step_ms stays one flat function
-        (it is called for every step), and any change there must be made here too; the test fails
-        if the two drift."""
+    def decode_step_terms(self, nrun: int) -> tuple[float, float, float, float, float]:
+        """The terms of ``step_ms`` for a decode-only step of ``nrun`` requests (one token each, no
+        drafts), so decode windows can time a run of steps in compiled code: (t, kv_c, da_c, tail,
+        host) where a step over ``ctx`` context tokens lasts
+        ``((t + max(ctx * kv_c, ctx * nrun / nrun * da_c)) + tail) + host``, evaluated in exactly
+        that order (engine/decode_window.decode_step_times; tests/test_timing_roofline.py requires
+        bit-identical results). The first lines repeat step_ms's on purpose: step_ms stays one flat
+        function (it is called for every step), and the test fails if the two drift."""
         T = nrun
         body = self._body
         t = body.c_tok * T
@@ -222,12 +220,7 @@ class RooflineTimer:
             t += te if te > tm else tm
         lm = nrun * self._lm_c
         t += lm if lm > self._lm_t else self._lm_t
-        ctx = np.arange(ctx0, ctx0 + count * nrun, nrun, dtype=np.int64)[:count]
-        dm = ctx * self._kv_c
-        dc = ctx * nrun / nrun * self._da_c
-        out = t + np.where(dm > dc, dm, dc)
-        out += self._ar_lat + T * self._ar_c + self._layer_ms
-        return out + self.host_overhead_ms
+        return t, self._kv_c, self._da_c, self._ar_lat + T * self._ar_c + self._layer_ms, self.host_overhead_ms
 
     def _drafter_ms(self, num_prefill_reqs: int, T: int, prefill_attn_work: int, prefill_ctx_tokens: int,
                     num_decode_reqs: int, decode_ctx_tokens: int, k: int) -> float:
