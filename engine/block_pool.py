@@ -44,7 +44,8 @@ def _require(ok: bool, message: str) -> None:
 
 class BlockPool:
     __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "where", "num_free",
-                 "num_evictions", "_next_id", "_next_run", "uncached_first", "version", "watched", "watch_hit")
+                 "num_evictions", "_next_id", "_next_run", "uncached_first", "version", "watched", "watch_hit",
+                 "free_version")
 
     def __init__(self, num_gpu_blocks: int) -> None:
         if num_gpu_blocks < 2:
@@ -68,6 +69,9 @@ class BlockPool:
         # them maps to sets watch_hit, so the lookup is redone only then.
         self.watched: set[int] | None = None
         self.watch_hit = False
+        # Counts changes to which blocks are free (allocations, hits, frees): num_free_among of the
+        # same blocks at an unchanged free_version gives the same answer (KVCacheManager memoises it).
+        self.free_version = 0
 
     def get_num_free_blocks(self) -> int:
         return self.num_free
@@ -77,6 +81,7 @@ class BlockPool:
         if n > self.num_free:
             raise RuntimeError(f"cannot allocate {n} blocks: only {self.num_free} free")
         self.num_free -= n
+        self.free_version += 1
         first = self._next_id
         self._next_id = first + n
         fq = self.free_queue
@@ -180,6 +185,7 @@ class BlockPool:
         where = self.where
         fq = self.free_queue
         extra = self.extra_refs
+        self.free_version += 1
         for b in blocks:
             rid = where.pop(b, None)
             if rid is not None:
@@ -225,6 +231,7 @@ class BlockPool:
         nobody; tail): both are anonymous runs. The rest are registered, under ``keys`` (aligned
         with them), and join the tail after the private ones.
         """
+        self.free_version += 1
         if num_uncached:
             if self.uncached_first:
                 self._prepend_uncached(num_uncached)

@@ -24,7 +24,7 @@ _EAGER = 1 << 62  # a preempted request registers every full block (it may look 
 
 class KVCacheManager:
     __slots__ = ("pool", "block_size", "enable_caching", "hash_lookahead", "drop_last_hit", "reprefillable",
-                 "_memo")
+                 "_memo", "_evictable_memo")
     # The pool class: tests swap in tests/reference_block_pool.PerBlockPool to check it end to end.
     pool_factory = BlockPool
 
@@ -46,6 +46,9 @@ class KVCacheManager:
         # walk on the pool watches the keys it read (BlockPool.watched) and the walk is redone only
         # when one of them changes.
         self._memo: tuple[Request, int, int, list[int], int, bool] | None = None
+        # (hits, pool.free_version, how many of them are free): admission asks for the same hits up
+        # to three times in a row (the blocked-queue check, the admission gate, allocate_slots).
+        self._evictable_memo: tuple[list[int], int, int] | None = None
 
     @staticmethod
     def _registrable(req: Request) -> int:
@@ -109,8 +112,18 @@ class KVCacheManager:
         bs = self.block_size
         needed = -(-(num_tokens + num_lookahead_tokens) // bs)
         held = len(req.block_ids) + len(new_computed_blocks)
-        evictable_hits = self.pool.num_free_among(new_computed_blocks) if new_computed_blocks else 0
+        evictable_hits = self._num_evictable(new_computed_blocks) if new_computed_blocks else 0
         return max(0, needed - held) + evictable_hits
+
+    def _num_evictable(self, hits: list[int]) -> int:
+        """How many of ``hits`` sit in the free queue (pool.num_free_among), memoised."""
+        memo = self._evictable_memo
+        version = self.pool.free_version
+        if memo is not None and memo[0] is hits and memo[1] == version:
+            return memo[2]
+        n = self.pool.num_free_among(hits)
+        self._evictable_memo = (hits, version, n)
+        return n
 
     def allocate_slots(self, req: Request, num_new_tokens: int,
                        new_computed_blocks: list[int] | None = None,
@@ -132,7 +145,7 @@ class KVCacheManager:
         if num_new_blocks < 0:
             num_new_blocks = 0
         if new_computed_blocks:
-            evictable = pool.num_free_among(new_computed_blocks)
+            evictable = self._num_evictable(new_computed_blocks)
             if num_new_blocks + evictable + reserve_blocks > pool.num_free:
                 return False
             pool.touch(new_computed_blocks)

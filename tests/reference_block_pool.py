@@ -22,7 +22,7 @@ class PerBlockPool:
     """One free-queue entry per block; the prefix-cache key map (cached, dups) is BlockPool's own."""
 
     __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "num_evictions",
-                 "uncached_first", "version", "watched", "watch_hit")
+                 "uncached_first", "version", "watched", "watch_hit", "free_version")
 
     @property
     def num_free(self) -> int:
@@ -41,6 +41,7 @@ class PerBlockPool:
         self.version = 0  # as BlockPool: changes to the prefix-cache map, and watched keys
         self.watched: set[int] | None = None
         self.watch_hit = False
+        self.free_version = 0  # as BlockPool: changes to which blocks are free
 
     def get_num_free_blocks(self) -> int:
         return len(self.free_queue)
@@ -57,6 +58,7 @@ class PerBlockPool:
         fq = self.free_queue
         if n > len(fq):
             raise RuntimeError(f"cannot allocate {n} blocks: only {len(fq)} free")
+        self.free_version += 1
         if n == 1:  # a decode crossing a block boundary: the common case, kept scalar
             b, key = fq.popitem(False)
             if key is not None:
@@ -96,6 +98,7 @@ class PerBlockPool:
         """Take a reference on prefix-cache hits, unlinking free ones from the free queue."""
         fq = self.free_queue
         extra = self.extra_refs
+        self.free_version += 1
         for b in blocks:
             if b in fq:
                 del fq[b]
@@ -111,6 +114,7 @@ class PerBlockPool:
                     num_private: int) -> None:
         """As engine.block_pool.BlockPool.free_blocks, one free-queue entry per block: blocks
         without a hash to the head (reused first, in the given order), cached ones to the tail."""
+        self.free_version += 1
         fq = self.free_queue
         uncached = blocks_in_eviction_order[:num_uncached]
         for b in reversed(uncached) if self.uncached_first else uncached:  # never shared
