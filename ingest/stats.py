@@ -17,11 +17,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from replay.duckdb_conn import connect
 
 from . import reuse
 from .reuse import IdStream
@@ -45,7 +46,7 @@ def _block_size_from(table: pa.Table) -> int | None:
 
 def _summary(table: pa.Table) -> dict[str, Any]:
     cols = table.select(["arrival_ms", "input_tokens", "output_tokens", "session_id"])
-    con = duckdb.connect()
+    con = connect()  # memory-limited, spills: count(DISTINCT session_id) over 10 M rows
     try:
         con.register("trace", cols)
         cur = con.execute(_SUMMARY_SQL)

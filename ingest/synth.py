@@ -21,9 +21,9 @@ H200 serving Llama-3.1-8B, not calibrated to a production trace):
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
-from collections.abc import Iterable, Iterator
 from typing import Literal
 
 import numpy as np
