@@ -116,7 +116,7 @@ def test_reuse_figures_out_of_core_equal_the_definitions(block_rows, pass_refs, 
     monkeypatch.setattr(reuse, "BLOCK_ROWS", block_rows)
     monkeypatch.setattr(reuse, "PASS_REFS", pass_refs)
     rng = random.Random(block_rows * 1000 + pass_refs)
-    for _ in range(12):
+    for _ in range(8):
         rows = _random_rows(rng)
         t = _table([(a, i, ids if ids is not None else []) for a, i, ids in rows])
         if len(rows) > 2:
@@ -155,7 +155,7 @@ def test_inspect_of_a_parquet_file_streams_the_same_figures(block_rows, pass_ref
     monkeypatch.setattr(reuse, "BLOCK_ROWS", block_rows)
     monkeypatch.setattr(reuse, "PASS_REFS", pass_refs)
     rng = random.Random(7 + block_rows + pass_refs)
-    for k in range(6):
+    for k in range(4):
         rows = _random_rows(rng, 100, 40)
         if k % 2:
             rows.sort(key=lambda r: r[0])  # in arrival order: the streamed path (unsorted: read whole)
