@@ -102,9 +102,9 @@ def parquet_ids(path: str | Path) -> Callable[[pa.Array | None], IdStream]:
             return table_ids(column, order)
 
         def stream():
-            pf = pq.ParquetFile(path)
-            for batch in pf.iter_batches(batch_size=reuse.BLOCK_ROWS, columns=["hash_ids"]):
-                yield batch.column(0).cast(_IDS_TYPE)
+            with pq.ParquetFile(path) as pf:
+                for batch in pf.iter_batches(batch_size=reuse.BLOCK_ROWS, columns=["hash_ids"]):
+                    yield batch.column(0).cast(_IDS_TYPE)
         return stream
     return for_order
 
