@@ -1,6 +1,6 @@
 """Peak memory of every command at scale (issue 16): each command in its own process, against 2 GB.
 
-    python bench/bench_memory.py --work /tmp/bench-memory            # every case (about 25 min, 6 GB of disk)
+    python bench/bench_memory.py --work /tmp/bench-memory            # every case (about 32 min, 7 GB of disk)
     python bench/bench_memory.py --work /tmp/bench-memory --reuse --only report --only inspect-ids
 
 Target: peak RSS under 2 GB (2,048 MB) at 1 M requests / 10 M trace rows. Peak is ``ru_maxrss`` of
@@ -17,6 +17,7 @@ Fixtures, under --work (kept, and reused with --reuse; delete the directory when
   hash ids a row);
 * ``azure10m.csv`` and ``azure10m_ooo.csv``: the 10 M-row Azure-style CSV of bench/bench_ingest.py, and
   the same rows with the first two moved to the end (out of time order: ingest must sort);
+* none for ``synth``, which writes a 10 M-request trace (about 0.5 GB) under ``out/``;
 * ``synth1m.parquet``: `replay synth` of 1 M requests (bench_engine.py's synth-100k, ten times longer),
   replayed by the two `replay run` cases (about 6 min each on this machine).
 """
@@ -61,6 +62,14 @@ CASES = {
                lambda w: _cli("ingest", str(w / "azure10m.csv"), "-o", str(w / "out" / "azure10m.parquet"))),
     "ingest-ooo": ("azure10m", "replay ingest, the same rows with 2 out of time order",
                    lambda w: _cli("ingest", str(w / "azure10m_ooo.csv"), "-o", str(w / "out" / "ooo.parquet"))),
+    "synth": (None, "replay synth -n 10000000 --rate 100 (Parquet, 73 M hash-id references)",
+              lambda w: _cli("synth", "-n", "10000000", "--rate", "100", "-o", str(w / "out" / "synth10m.parquet"))),
+    "export-vllm": ("reports", "replay export --format vllm-bench, 1 M requests, 19 M chunk rows",
+                    lambda w: _cli("export", str(w / "reports" / "a"), "-f", "vllm-bench", "-o",
+                                   str(w / "out" / "export.json"))),
+    "export-aiperf": ("reports", "replay export --format aiperf, 1 M requests, 19 M chunk rows",
+                      lambda w: _cli("export", str(w / "reports" / "a"), "-f", "aiperf", "-o",
+                                     str(w / "out" / "export.jsonl"))),
     "run-quiet": ("synth1m", "replay run -q, 1 M requests",
                   lambda w: _cli("run", str(w / "synth1m.parquet"), "-c", str(RUN_CONFIG), "-o",
                                  str(w / "out" / "run-q"), "-q")),
@@ -142,7 +151,7 @@ def main() -> int:
         built: set[str] = set()
         for name in args.only or list(CASES):
             fixture, what, build = CASES[name]
-            if fixture not in built and not (args.reuse and _built(fixture, work)):
+            if fixture is not None and fixture not in built and not (args.reuse and _built(fixture, work)):
                 t0 = time.perf_counter()
                 subprocess.run([sys.executable, __file__, "--child", fixture, str(work)], check=True, cwd=ROOT)
                 print(f"(built {fixture} in {time.perf_counter() - t0:.0f} s)", flush=True)

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replay.atomic import atomic_path, refuse_inputs
+from replay.errors import TraceError
 from replay.files import require_regular_file
 
 from .columns import ms_to_iso
@@ -19,11 +20,16 @@ from .pipeline import Progress, canonical_batches, no_rows_error, resolve_lines,
 from .readers._decode import read_errors
 from .readers.base import Reader, ReaderInfo
 from .rejections import remove_stale_side_file, side_file_path, write_side_file
+from .reuse import NullHashIdError
 from .schema import TraceMetadata, is_canonical_trace, read_trace
-from .stats import trace_stats
+from .stats import parquet_ids, trace_stats
 from .writer import TraceWriter, trace_schema_with, write_trace_table
 
-__all__ = ["IngestResult", "convert", "load_trace", "trace_stats", "file_sha256"]
+__all__ = ["IngestResult", "convert", "load_trace", "inspect_trace", "trace_stats", "file_sha256"]
+
+# Columns ``replay inspect`` never looks at; hash_ids is streamed from the file instead (issue 16:
+# 82 M ids of a 10 M-row trace read at once, and numbered, peaked at 6 GB).
+_NOT_INSPECTED = ("request_id", "hash_ids", "parent_id", "turn", "delay_ms")
 
 
 @dataclass
@@ -170,3 +176,24 @@ def load_trace(path: str | Path, *, format: str | None = None, block_size: int |
     meta = _metadata(path, info, progress, file_sha256(path), shift)
     return table.cast(trace_schema_with(meta, info.extra_columns)), meta
 
+
+
+def inspect_trace(path: str | Path, lru_blocks: tuple[int, ...] | list[int] = (), *, format: str | None = None,
+                  block_size: int | None = None, time_unit: str | None = None, mapping: dict[str, str] | None = None,
+                  drop_failed: bool = False) -> tuple[dict, pa.Table, TraceMetadata]:
+    """``trace_stats`` of any trace file, with the table it was computed from (for the measured and
+    label lines) and the trace's metadata. A canonical Parquet file is read without the columns
+    inspect ignores and its hash ids are streamed, so memory stays bounded at 10 M rows."""
+    path = require_regular_file(path, "trace file")
+    try:
+        if format in (None, "canonical") and is_canonical_trace(path):
+            table, meta = read_trace(path, without=_NOT_INSPECTED)
+            try:
+                return trace_stats(table, lru_blocks, hash_ids=parquet_ids(path)), table, meta
+            except (OSError, pa.ArrowException) as exc:  # a data page of hash_ids that does not decode
+                raise TraceError(f"cannot read Parquet data: {exc}", path=str(path)) from None
+        table, meta = load_trace(path, format=format, block_size=block_size, time_unit=time_unit,
+                                 mapping=mapping, drop_failed=drop_failed)
+        return trace_stats(table, lru_blocks), table, meta
+    except NullHashIdError as exc:
+        raise TraceError(str(exc), path=str(path), field="hash_ids") from None

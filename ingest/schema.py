@@ -127,8 +127,9 @@ def read_trace_metadata(path: str | Path) -> TraceMetadata:
     return TraceMetadata.from_parquet_metadata(pq.read_schema(path).metadata, path)
 
 
-def read_trace(path: str | Path) -> tuple[pa.Table, TraceMetadata]:
-    """Read a whole canonical trace (columns cast to the canonical schema, optional columns kept).
+def read_trace(path: str | Path, without: tuple[str, ...] = ()) -> tuple[pa.Table, TraceMetadata]:
+    """Read a whole canonical trace (columns cast to the canonical schema, optional columns kept),
+    but for the columns named in ``without`` (which must still be in the file).
 
     The table's schema keeps the ``replay.*`` metadata, so ``trace_stats`` can find the block size.
     """
@@ -138,15 +139,17 @@ def read_trace(path: str | Path) -> tuple[pa.Table, TraceMetadata]:
     except (OSError, pa.ArrowInvalid) as exc:
         raise TraceError(f"cannot read Parquet: {exc}", path=str(path)) from None
     meta = TraceMetadata.from_parquet_metadata(pf.schema_arrow.metadata, path)
-    try:
-        table = pf.read()
-    except (OSError, pa.ArrowException) as exc:  # a damaged data page: the footer alone read fine
-        raise TraceError(f"cannot read Parquet data: {exc}", path=str(path)) from None
-    missing = [f.name for f in TRACE_SCHEMA if f.name not in table.column_names]
+    names = pf.schema_arrow.names
+    missing = [f.name for f in TRACE_SCHEMA if f.name not in names]
     if missing:
         raise TraceError(f"missing columns {missing}", path=str(path))
+    try:
+        table = pf.read(columns=[n for n in names if n not in without])
+    except (OSError, pa.ArrowException) as exc:  # a damaged data page: the footer alone read fine
+        raise TraceError(f"cannot read Parquet data: {exc}", path=str(path)) from None
     schema = trace_schema_for(optional_columns(table.column_names))
-    table = table.select(schema.names).cast(schema.with_metadata(meta.to_parquet_metadata()))
+    fields = [f for f in schema if f.name not in without]
+    table = table.select([f.name for f in fields]).cast(pa.schema(fields, metadata=meta.to_parquet_metadata()))
     return table, meta
 
 

@@ -12,16 +12,23 @@ Definitions (rows in arrival order; see docs/trace-schema.md):
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections.abc import Callable
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
+from replay.duckdb_conn import connect
+
+from . import reuse
+from .reuse import IdStream
 from .schema import METADATA_PREFIX
+
+_IDS_TYPE = pa.list_(pa.uint64())
 
 _SUMMARY_SQL = resources.files("ingest").joinpath("sql/trace_summary.sql").read_text(encoding="utf-8")
 
@@ -39,7 +46,7 @@ def _block_size_from(table: pa.Table) -> int | None:
 
 def _summary(table: pa.Table) -> dict[str, Any]:
     cols = table.select(["arrival_ms", "input_tokens", "output_tokens", "session_id"])
-    con = duckdb.connect()
+    con = connect()  # memory-limited, spills: count(DISTINCT session_id) over 10 M rows
     try:
         con.register("trace", cols)
         cur = con.execute(_SUMMARY_SQL)
@@ -66,129 +73,59 @@ def _summary(table: pa.Table) -> dict[str, Any]:
     }
 
 
-# Rows per block of the reuse passes: the per-reference temporaries (row numbers, hit flags, Python
-# ints of the LRU walk) exist for one block at a time, so a 10 M-row trace's 73 M references never
-# have a full-length int64 (or list) copy (issue 16: inspect peaked at 5.6 GB).
-BLOCK_ROWS = 1 << 18
-
-
-def _ordered_ids(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """(dense id per reference, row offsets, input tokens, distinct ids) with rows in arrival order.
-
-    Dense ids number the distinct hash ids (Arrow's hash-based dictionary encoding, int32 indices):
-    every figure depends only on which references share an id, never on the numbering. A trace
-    already in arrival order (every ingested trace) is read as is, without a reordered copy."""
-    ids, inputs = table.column("hash_ids"), table.column("input_tokens")
+def _arrival_order(table: pa.Table) -> pa.Array | None:
+    """The row order by arrival (stable: ties keep file order), or None when the rows already are in it
+    (every ingested trace), so no reordered copy is made."""
     arrival = table.column("arrival_ms").to_numpy()
     if len(arrival) > 1 and not bool(np.all(arrival[1:] >= arrival[:-1])):
-        order = pc.sort_indices(table, sort_keys=[("arrival_ms", "ascending")])  # stable: ties keep file order
-        ids, inputs = ids.take(order), inputs.take(order)
-    inputs = inputs.to_numpy().astype(np.int64)
-    if ids.null_count:
-        ids = ids.fill_null([])
-    lengths = pc.list_value_length(ids).fill_null(0).to_numpy().astype(np.int64)
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    encoded = pc.dictionary_encode(pc.list_flatten(ids))  # one dictionary shared by every chunk
-    chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
-    dense = np.concatenate([c.indices.to_numpy() for c in chunks]) if chunks else np.empty(0, np.int32)
-    distinct = len(chunks[0].dictionary) if chunks else 0
-    return dense, offsets, inputs, distinct
+        return pc.sort_indices(table.select(["arrival_ms"]), sort_keys=[("arrival_ms", "ascending")])
+    return None
 
 
-def _row_blocks(offsets: np.ndarray):
-    """(first row, end row, first reference, end reference) of each block of BLOCK_ROWS rows."""
-    n_rows = len(offsets) - 1
-    for r0 in range(0, n_rows, BLOCK_ROWS):
-        r1 = min(r0 + BLOCK_ROWS, n_rows)
-        yield r0, r1, int(offsets[r0]), int(offsets[r1])
+def table_ids(ids: pa.ChunkedArray | pa.Array, order: pa.Array | None) -> IdStream:
+    """A stream over an in-memory ``hash_ids`` column, reordered by ``order`` one block at a time."""
+    def stream():
+        if order is None:
+            yield ids
+            return
+        for start in range(0, len(order), reuse.BLOCK_ROWS):
+            yield ids.take(order.slice(start, reuse.BLOCK_ROWS))
+    return stream
 
 
-def _leading_runs(seen: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Per row, the number of leading True values in its slice of ``seen`` (``offsets`` index ``seen``):
-    the distance from the row's start to its first miss, or the row's length if it has none."""
-    starts, ends = offsets[:-1], offsets[1:]
-    misses = np.flatnonzero(~seen)
-    if not len(misses):
-        return ends - starts
-    k = np.searchsorted(misses, starts)
-    first_miss = misses[np.minimum(k, len(misses) - 1)]
-    first_miss = np.where(k < len(misses), first_miss, ends)
-    return np.minimum(first_miss, ends) - starts
+def parquet_ids(path: str | Path) -> Callable[[pa.Array | None], IdStream]:
+    """Streams over a canonical Parquet file's ``hash_ids`` column, one block of rows at a time. A file
+    out of arrival order (not written by ingest) has its column read whole and reordered in memory."""
+    def for_order(order: pa.Array | None) -> IdStream:
+        if order is not None:
+            column = pq.read_table(path, columns=["hash_ids"]).column(0).cast(_IDS_TYPE)
+            return table_ids(column, order)
 
-
-def reuse_figures(dense: np.ndarray, offsets: np.ndarray, inputs: np.ndarray, block_size: int,
-                  distinct: int | None = None) -> dict[str, Any]:
-    """Block reuse and infinite-cache token prefix hit (vectorised, one block of rows at a time)."""
-    n_refs = len(dense)
-    if n_refs == 0:
-        return {"block_references": 0, "unique_blocks": 0, "block_reuse_fraction": None,
-                "token_prefix_hit_infinite": None}
-    distinct = int(dense.max()) + 1 if distinct is None else distinct
-    lengths = np.diff(offsets)
-    row_type = np.int32 if len(lengths) < np.iinfo(np.int32).max else np.int64
-    first_row = np.full(distinct, np.iinfo(row_type).max, dtype=row_type)  # the first row using each id
-    for r0, r1, lo, hi in _row_blocks(offsets):
-        np.minimum.at(first_row, dense[lo:hi], np.repeat(np.arange(r0, r1, dtype=row_type), lengths[r0:r1]))
-    runs = np.empty(len(lengths), dtype=np.int64)
-    n_seen = 0
-    for r0, r1, lo, hi in _row_blocks(offsets):
-        seen = first_row[dense[lo:hi]] < np.repeat(np.arange(r0, r1, dtype=row_type), lengths[r0:r1])
-        n_seen += int(seen.sum())
-        runs[r0:r1] = _leading_runs(seen, offsets[r0:r1 + 1] - lo)
-    hit_tokens = np.minimum(runs * block_size, inputs).sum()
-    total = inputs.sum()
-    return {
-        "block_references": int(n_refs),
-        "unique_blocks": int(distinct),
-        "block_reuse_fraction": float(n_seen / n_refs),
-        "token_prefix_hit_infinite": float(hit_tokens / total) if total else None,
-    }
-
-
-def lru_hit_rate(dense: np.ndarray, offsets: np.ndarray, capacity: int) -> float | None:
-    """Leading-run hits in an LRU cache of ``capacity`` ids / all references (see module doc)."""
-    n_refs = len(dense)
-    if n_refs == 0:
-        return None
-    cache: OrderedDict[int, None] = OrderedDict()
-    move, evict = cache.move_to_end, cache.popitem
-    hits = 0
-    for r0, r1, lo, hi in _row_blocks(offsets):
-        flat = dense[lo:hi].tolist()  # Python ints for one block of rows only
-        bounds = (offsets[r0:r1 + 1] - lo).tolist()
-        for r in range(len(bounds) - 1):
-            row = flat[bounds[r]:bounds[r + 1]]
-            run = 0
-            for x in row:
-                if x not in cache:
-                    break
-                run += 1
-            hits += run
-            for x in row[:run]:
-                move(x)
-            for x in row[run:]:
-                if x in cache:
-                    move(x)
-                else:
-                    cache[x] = None
-                    if len(cache) > capacity:
-                        evict(last=False)
-    return hits / n_refs
+        def stream():
+            with pq.ParquetFile(path) as pf:
+                for batch in pf.iter_batches(batch_size=reuse.BLOCK_ROWS, columns=["hash_ids"]):
+                    yield batch.column(0).cast(_IDS_TYPE)
+        return stream
+    return for_order
 
 
 def trace_stats(table: pa.Table, lru_blocks: tuple[int, ...] | list[int] = (), *,
-                block_size: int | None = None) -> dict[str, Any]:
+                block_size: int | None = None,
+                hash_ids: Callable[[pa.Array | None], IdStream] | None = None) -> dict[str, Any]:
     """The ``replay inspect`` figures of a canonical trace table.
 
     ``block_size`` (tokens per hash id) defaults to the table's ``replay.hash_block_size`` metadata
     (present on tables from ``read_trace``/``load_trace``). Reuse figures are None when the trace has
-    no hash ids: reuse is unknown, not zero.
+    no hash ids: reuse is unknown, not zero. ``hash_ids`` (given the arrival order, or None when the
+    rows are in it) streams the ids when ``table`` was read without them (``parquet_ids``).
     """
     out = _summary(table)
     input_total = out.pop("_input_total")
     bs = block_size or _block_size_from(table)
-    has_ids = table.num_rows > 0 and table.column("hash_ids").null_count < table.num_rows
+    order = _arrival_order(table) if table.num_rows else None
+    stream = hash_ids(order) if hash_ids is not None else table_ids(table.column("hash_ids"), order)
+    lengths, null_rows = reuse.count_references(stream)
+    has_ids = table.num_rows > 0 and null_rows < table.num_rows
     out["hash_block_size"] = bs if has_ids else None
     if not has_ids:
         out.update({"block_references": 0, "unique_blocks": 0, "block_reuse_fraction": None,
@@ -197,9 +134,11 @@ def trace_stats(table: pa.Table, lru_blocks: tuple[int, ...] | list[int] = (), *
         return out
     if bs is None:
         raise ValueError("trace_stats: the table has hash ids but no hash_block_size metadata; pass block_size=")
-    dense, offsets, inputs, distinct = _ordered_ids(table)
-    figures = reuse_figures(dense, offsets, inputs, bs, distinct)
+    inputs = table.column("input_tokens")
+    inputs = (inputs if order is None else inputs.take(order)).to_numpy().astype(np.int64)
+    figures = reuse.reuse_figures(stream, lengths, inputs, bs, [int(c) for c in lru_blocks])
+    lru = figures.pop("lru_hit")
     out.update(figures)
     out["input_tokens_total"] = input_total
-    out["lru_hit"] = {str(c): lru_hit_rate(dense, offsets, int(c)) for c in lru_blocks}
+    out["lru_hit"] = lru
     return out

@@ -21,6 +21,7 @@ H200 serving Llama-3.1-8B, not calibrated to a production trace):
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
@@ -31,9 +32,13 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
 from replay.atomic import atomic_path
+from replay.duckdb_conn import connect
 
 from .schema import TRACE_SCHEMA, TraceMetadata
-from .writer import write_trace_table
+from .writer import ROW_GROUP_ROWS, rows_in_batches, write_trace_batches
+
+# Generated rows by arrival, ties in generation order (what a stable sort of arrival_ms gives).
+_SORTED_SQL = "SELECT * EXCLUDE (g) FROM gen ORDER BY arrival_ms, g"
 
 PREFILL_TOKENS_PER_S = 10_000.0  # guess: Llama-3.1-8B prefill on one H200 under load (order of magnitude)
 DECODE_S_PER_TOKEN = 0.015  # guess: ~15 ms ITL at moderate batch (see AISimulate's 16.3 ms figure in issue 7)
@@ -83,8 +88,17 @@ def _gaps(rng: np.random.Generator, cfg: SynthConfig, mean_s: float, n: int) -> 
     return rng.exponential(mean_s, n)
 
 
-def generate(cfg: SynthConfig) -> pa.Table:
-    """A canonical trace table (arrival order) following ``cfg``."""
+# Rows per generated batch (generation order) and per arrival-ordered batch: Python lists exist for
+# one batch at a time, so `replay synth -n 10000000` stays under 2 GB (issue 16: 11.6 GB).
+BATCH_ROWS = ROW_GROUP_ROWS
+# DuckDB's budget for holding and sorting the generated rows (it spills past it): half the default,
+# as the pre-drawn lengths and think times of 15 M generated rows take another ~0.4 GB.
+SORT_MEMORY_MB = 512
+
+
+def _generation_batches(cfg: SynthConfig) -> Iterator[pa.Table]:
+    """The generated requests in generation order (session after session), ``BATCH_ROWS`` at a time,
+    with ``g``, the generation index that breaks arrival ties (as the stable sort of a whole table)."""
     rng = np.random.default_rng(cfg.seed)
     next_id = 0
 
@@ -126,10 +140,11 @@ def generate(cfg: SynthConfig) -> pa.Table:
         starts = np.cumsum(_gaps(rng, cfg, mean_gap, n_conv))
         starts -= starts[0]
 
-    cols: dict[str, list] = {k: [] for k in ("request_id", "t", "input_tokens", "output_tokens", "hash_ids",
-                                              "session_id", "parent_id", "turn", "delay_ms")}
+    names = ("request_id", "t", "input_tokens", "output_tokens", "hash_ids", "session_id", "parent_id", "turn",
+             "delay_ms")
+    cols: dict[str, list] = {k: [] for k in names}
     user_clock: dict[int, tuple[float, str, int, int, int]] = {}  # user -> (t, id, turns, input, output)
-    i = 0
+    i = g0 = 0
     for c, turns in enumerate(turn_counts):
         s = int(conv_sys[c])
         ctx_len = int(sys_len[s])
@@ -175,9 +190,18 @@ def generate(cfg: SynthConfig) -> pa.Table:
             cols["delay_ms"].append(delay)
             prev_t, prev_id, prev_in, prev_out = t, rid, new_len, int(out_len[i])
             i += 1
+            if len(cols["t"]) == BATCH_ROWS:
+                yield _batch(cols, g0)
+                g0 += BATCH_ROWS
+                cols = {k: [] for k in names}
             if new_len >= cfg.max_input:
                 break
-    t_ms = np.rint(np.asarray(cols.pop("t")) * 1000.0).astype(np.int64)
+    if cols["t"]:
+        yield _batch(cols, g0)
+
+
+def _batch(cols: dict[str, list], g0: int) -> pa.Table:
+    t_ms = np.rint(np.asarray(cols["t"]) * 1000.0).astype(np.int64)
     table = pa.table({
         "request_id": pa.array(cols["request_id"], pa.string()),
         "arrival_ms": pa.array(t_ms, pa.int64()),
@@ -190,8 +214,31 @@ def generate(cfg: SynthConfig) -> pa.Table:
         "delay_ms": pa.array(cols["delay_ms"], pa.int64()),
         "priority": pa.nulls(len(t_ms), pa.int32()),
     }, schema=TRACE_SCHEMA)
-    order = pc.sort_indices(table, sort_keys=[("arrival_ms", "ascending")])
-    return table.take(order).slice(0, n)
+    return table.append_column("g", pa.array(np.arange(g0, g0 + len(t_ms), dtype=np.int64)))
+
+
+def arrival_batches(cfg: SynthConfig, batch_rows: int = BATCH_ROWS) -> Iterator[pa.Table]:
+    """The trace (the first ``cfg.requests`` generated requests by arrival, ties in generation order)
+    as canonical tables of ``batch_rows`` rows (the last may be shorter).
+
+    The generated batches go into a DuckDB table with a memory budget and come back sorted: past the
+    budget DuckDB spills to its private temp directory, so memory stays bounded at any size."""
+    con = connect(SORT_MEMORY_MB)
+    try:
+        for k, batch in enumerate(_generation_batches(cfg)):
+            con.register("batch", batch)
+            con.execute(("INSERT INTO gen " if k else "CREATE TABLE gen AS ") + "SELECT * FROM batch")
+            con.unregister("batch")
+        reader = con.sql(_SORTED_SQL).to_arrow_reader(batch_rows)
+        yield from rows_in_batches((pa.Table.from_batches([rb]) for rb in reader), batch_rows, cfg.requests,
+                                   TRACE_SCHEMA)
+    finally:
+        con.close()
+
+
+def generate(cfg: SynthConfig) -> pa.Table:
+    """A canonical trace table (arrival order) following ``cfg`` (in memory: small traces, tests)."""
+    return pa.concat_tables(arrival_batches(cfg))
 
 
 def _service_s(input_tokens: int, output_tokens: int) -> float:
@@ -207,24 +254,27 @@ def metadata(cfg: SynthConfig, with_ids: bool = True) -> TraceMetadata:
     )
 
 
-def write_mooncake_jsonl(table: pa.Table, path: str | Path) -> None:
+def write_mooncake_jsonl(batches: pa.Table | Iterable[pa.Table], path: str | Path) -> None:
     """Mooncake extended JSONL: later turns carry ``delay_ms`` (think time) besides a timestamp."""
-    cols = {name: table.column(name).to_pylist() for name in
-            ("request_id", "session_id", "arrival_ms", "delay_ms", "input_tokens", "output_tokens", "hash_ids")}
+    names = ("request_id", "session_id", "arrival_ms", "delay_ms", "input_tokens", "output_tokens", "hash_ids")
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as fh:
-        for i in range(table.num_rows):
-            row = {"request_id": cols["request_id"][i], "session_id": cols["session_id"][i],
-                   "timestamp": cols["arrival_ms"][i]}
-            if cols["delay_ms"][i] is not None:
-                row["delay_ms"] = cols["delay_ms"][i]
-            row.update(input_length=cols["input_tokens"][i], output_length=cols["output_tokens"][i],
-                       hash_ids=cols["hash_ids"][i])
-            fh.write(json.dumps(row, separators=(", ", ": ")) + "\n")
+        for table in ([batches] if isinstance(batches, pa.Table) else batches):
+            cols = {name: table.column(name).to_pylist() for name in names}  # one batch of rows at a time
+            lines = []
+            for i in range(table.num_rows):
+                row = {"request_id": cols["request_id"][i], "session_id": cols["session_id"][i],
+                       "timestamp": cols["arrival_ms"][i]}
+                if cols["delay_ms"][i] is not None:
+                    row["delay_ms"] = cols["delay_ms"][i]
+                row.update(input_length=cols["input_tokens"][i], output_length=cols["output_tokens"][i],
+                           hash_ids=cols["hash_ids"][i])
+                lines.append(json.dumps(row, separators=(", ", ": ")) + "\n")
+            fh.write("".join(lines))
 
 
-def write_parquet(table: pa.Table, cfg: SynthConfig, path: str | Path) -> None:
+def write_parquet(batches: pa.Table | Iterable[pa.Table], cfg: SynthConfig, path: str | Path) -> None:
     with atomic_path(path) as tmp:
-        write_trace_table(tmp, table, metadata(cfg))
+        write_trace_batches(tmp, [batches] if isinstance(batches, pa.Table) else batches, metadata(cfg))
 
 
 def write_azure_csv(cfg: SynthConfig, path: str | Path, chunk: int = 1_000_000) -> int:

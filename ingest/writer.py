@@ -7,6 +7,7 @@ bounded on traces of tens of millions of rows. The caller gives a temp path (see
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -53,6 +54,54 @@ class TraceWriter:
     def close(self) -> None:
         self._flush()
         self._writer.close()
+
+
+def rows_in_batches(tables: Iterable[pa.Table], rows: int, limit: int | None = None,
+                    schema: pa.Schema | None = None) -> Iterator[pa.Table]:
+    """``tables`` re-cut into tables of exactly ``rows`` rows (the last may be shorter), each one
+    contiguous chunk, stopping after ``limit`` rows: the row groups (and bytes) of a file then do not
+    depend on how the rows were produced."""
+    buffer: list[pa.Table] = []
+    buffered = emitted = 0
+    for table in tables:
+        if limit is not None:
+            table = table.slice(0, max(limit - emitted - buffered, 0))
+        if table.num_rows == 0:
+            if limit is not None and emitted + buffered >= limit:
+                break
+            continue
+        buffer.append(table)
+        buffered += table.num_rows
+        while buffered >= rows:
+            merged = pa.concat_tables(buffer)
+            out, rest = merged.slice(0, rows), merged.slice(rows)
+            yield _contiguous(out, schema)
+            emitted += rows
+            buffer, buffered = ([rest] if rest.num_rows else []), rest.num_rows
+    if buffered:
+        yield _contiguous(pa.concat_tables(buffer), schema)
+
+
+def _contiguous(table: pa.Table, schema: pa.Schema | None) -> pa.Table:
+    if schema is not None:
+        table = table.cast(schema)
+    return table.combine_chunks()
+
+
+def write_trace_batches(path: str | Path, tables: Iterable[pa.Table], metadata: TraceMetadata) -> int:
+    """Write canonical tables (any sizes) in row groups of exactly ``ROW_GROUP_ROWS`` (caller handles
+    atomicity); returns the rows written."""
+    from .schema import optional_columns
+
+    writer: TraceWriter | None = None
+    for group in rows_in_batches(tables, ROW_GROUP_ROWS):
+        if writer is None:
+            writer = TraceWriter(path, metadata, extras=optional_columns(group.column_names))
+        writer.write(group)
+    if writer is None:
+        raise ValueError("write_trace_batches: no rows")
+    writer.close()
+    return writer.rows
 
 
 def write_trace_table(path: str | Path, table: pa.Table, metadata: TraceMetadata) -> None:

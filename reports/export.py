@@ -14,14 +14,20 @@ error text; aiperf: an ``error`` object and ``error_isl``).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
+import tempfile
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from replay.atomic import check_output_file, write_text_atomic
+from replay.atomic import atomic_path, check_output_file
 from replay.errors import ReplayError
 from reports.sqlfiles import sql
 from reports.views import open_run
@@ -29,19 +35,23 @@ from reports.views import open_run
 FORMATS = ("vllm-bench", "aiperf")
 
 
-def _rows(outdir: Path) -> tuple[list[dict[str, Any]], dict[str, Any], Any]:
+# Requests per batch streamed from the export query: JSON text, Python objects and the per-request
+# lists exist for one batch at a time (issue 16: the whole run as Python dicts and lists).
+EXPORT_BATCH_ROWS = 65_536
+
+
+@contextlib.contextmanager
+def _batches(outdir: Path) -> Iterator[tuple[Iterator[pa.RecordBatch], dict[str, Any], Any]]:
+    """The export query's rows (trace order) in batches, with run.json and the trace metadata."""
     run = open_run(outdir)
     try:
-        cur = run.con.execute(sql("export_requests"))
-        names = [d[0] for d in cur.description]
-        rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+        yield run.con.sql(sql("export_requests")).to_arrow_reader(EXPORT_BATCH_ROWS), run.info, run.trace_meta
     finally:
         run.con.close()
-    return rows, run.info, run.trace_meta
 
 
-def _stats(values: list[float]) -> dict[str, float]:
-    if not values:
+def _stats(values: np.ndarray) -> dict[str, float]:
+    if not len(values):
         return {"mean": 0.0, "median": 0.0, "std": 0.0, "p99": 0.0}
     a = np.asarray(values, dtype=np.float64)
     return {"mean": float(a.mean()), "median": float(np.median(a)), "std": float(a.std()),
@@ -55,46 +65,105 @@ def _load_settings(info: dict[str, Any]) -> tuple[Any, Any]:
     return rate, (load.get("concurrency") if mode == "concurrency" else None)
 
 
-def vllm_bench(outdir: Path) -> str:
-    """The replay as a ``vllm bench serve --save-detailed`` result (one JSON object)."""
-    rows, info, _meta = _rows(outdir)
-    ok = [r["status"] == "finished" for r in rows]
-    done = [r for r, good in zip(rows, ok, strict=True) if good]
-    start = min((r["arrival_ms"] for r in rows), default=0.0)
-    end = max((r["finish_ms"] for r in done), default=start)
+class _JsonList:
+    """A JSON list written piece by piece to a temp file, as ``json.dumps`` writes a whole list."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile("w+", encoding="utf-8")
+        self._empty = True
+
+    def extend(self, items: list) -> None:
+        if items:
+            self.file.write(("" if self._empty else ", ") + json.dumps(items)[1:-1])
+            self._empty = False
+
+    def copy_to(self, out: TextIO) -> None:
+        self.file.seek(0)
+        out.write("[")
+        shutil.copyfileobj(self.file, out, 1 << 20)
+        out.write("]")
+        self.file.close()
+
+
+# The vllm bench per-request lists, in the file's key order (between the run totals and the stats).
+_VLLM_LISTS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "generated_texts",
+               "errors", "request_ids")
+
+
+def _numpy(batch: pa.RecordBatch, name: str) -> np.ndarray:
+    return batch.column(name).to_numpy(zero_copy_only=False)
+
+
+def vllm_bench(outdir: Path, out: TextIO) -> None:
+    """The replay as a ``vllm bench serve --save-detailed`` result (one JSON object), written to ``out``."""
+    lists = {key: _JsonList() for key in _VLLM_LISTS}
+    samples: dict[str, list[np.ndarray]] = {"ttft": [], "tpot": [], "itl": [], "e2el": []}
+    n = completed = total_in = total_out = 0
+    start: float | None = None
+    end: float | None = None
+    with _batches(outdir) as (batches, info, _meta):
+        for batch in batches:
+            status = batch.column("status").to_pylist()
+            ok = np.array([st == "finished" for st in status], dtype=bool)
+            arrival, ttft, e2e = _numpy(batch, "arrival_ms"), _numpy(batch, "ttft_ms"), _numpy(batch, "e2e_ms")
+            inputs, outputs = _numpy(batch, "input_tokens"), _numpy(batch, "output_tokens")
+            n += batch.num_rows
+            completed += int(ok.sum())
+            total_in += int(inputs[ok].sum())
+            total_out += int(outputs[ok].sum())
+            if batch.num_rows:
+                low = arrival.min().item()
+                start = low if start is None else min(start, low)
+            if ok.any():
+                high = _numpy(batch, "finish_ms")[ok].max().item()
+                end = high if end is None else max(end, high)
+            itl = batch.column("itl_ms")
+            done_itl = pc.list_flatten(itl.filter(pa.array(ok)))
+            lists["input_lens"].extend(inputs.tolist())
+            lists["output_lens"].extend(np.where(ok, outputs, 0).tolist())
+            lists["ttfts"].extend(np.where(ok, ttft / 1000.0, 0.0).tolist())
+            gaps = pc.divide(itl.flatten(), 1000.0).to_numpy().tolist()
+            bounds = np.cumsum(pc.list_value_length(itl).fill_null(0).to_numpy()).tolist()
+            lists["itls"].extend([gaps[lo:hi] if good else []
+                                  for lo, hi, good in zip([0, *bounds[:-1]], bounds, ok.tolist(), strict=True)])
+            lists["latencies"].extend(np.where(ok, e2e / 1000.0, 0.0).tolist())
+            lists["start_times"].extend((arrival / 1000.0).tolist())
+            lists["generated_texts"].extend([""] * batch.num_rows)
+            reasons = batch.column("reject_reason").to_pylist()
+            lists["errors"].extend(["" if st == "finished" else f"{st}: {why or 'did not finish in the replay'}"
+                                    for st, why in zip(status, reasons, strict=True)])
+            lists["request_ids"].extend(batch.column("request_id").to_pylist())
+            tpot = batch.column("tpot_ms").filter(pa.array(ok))
+            samples["ttft"].append(ttft[ok])
+            samples["tpot"].append(tpot.drop_null().to_numpy())
+            samples["itl"].append(done_itl.to_numpy())
+            samples["e2el"].append(e2e[ok])
+    start = 0.0 if start is None else start
+    end = start if end is None else end
     duration = max((end - start) / 1000.0, 1e-9)
-    total_in = sum(r["input_tokens"] for r in done)
-    total_out = sum(r["output_tokens"] for r in done)
     rate, conc = _load_settings(info)
     config = info.get("config") or {}
-    result: dict[str, Any] = {
+    head: dict[str, Any] = {
         "date": "replay",  # no wall-clock date: same replay, same bytes
         "endpoint_type": "replay", "backend": "replay", "label": Path(outdir).name,
-        "model_id": config.get("model"), "tokenizer_id": config.get("model"), "num_prompts": len(rows),
+        "model_id": config.get("model"), "tokenizer_id": config.get("model"), "num_prompts": n,
         "request_rate": rate, "burstiness": 1.0, "max_concurrency": conc,
-        "duration": duration, "completed": len(done), "failed": len(rows) - len(done),
+        "duration": duration, "completed": completed, "failed": n - completed,
         "total_input_tokens": total_in, "total_output_tokens": total_out,
-        "request_throughput": len(done) / duration, "request_goodput": None,
+        "request_throughput": completed / duration, "request_goodput": None,
         "output_throughput": total_out / duration, "total_token_throughput": (total_in + total_out) / duration,
-        "input_lens": [r["input_tokens"] for r in rows],
-        "output_lens": [r["output_tokens"] if good else 0 for r, good in zip(rows, ok, strict=True)],
-        "ttfts": [r["ttft_ms"] / 1000.0 if good else 0.0 for r, good in zip(rows, ok, strict=True)],
-        "itls": [[g / 1000.0 for g in r["itl_ms"]] if good else [] for r, good in zip(rows, ok, strict=True)],
-        "latencies": [r["e2e_ms"] / 1000.0 if good else 0.0 for r, good in zip(rows, ok, strict=True)],
-        "start_times": [r["arrival_ms"] / 1000.0 for r in rows],
-        "generated_texts": ["" for _ in rows],
-        "errors": ["" if good else f"{r['status']}: {r['reject_reason'] or 'did not finish in the replay'}"
-                   for r, good in zip(rows, ok, strict=True)],
-        "request_ids": [r["request_id"] for r in rows],
     }
-    for key, values in (("ttft", [r["ttft_ms"] for r in done]),
-                        ("tpot", [r["tpot_ms"] for r in done if r["tpot_ms"] is not None]),
-                        ("itl", [g for r in done for g in r["itl_ms"]]),
-                        ("e2el", [r["e2e_ms"] for r in done])):
-        s = _stats(values)
-        result.update({f"mean_{key}_ms": s["mean"], f"median_{key}_ms": s["median"], f"std_{key}_ms": s["std"],
-                       f"p99_{key}_ms": s["p99"]})
-    return json.dumps(result) + "\n"
+    tail: dict[str, Any] = {}
+    for key, chunks in samples.items():
+        st = _stats(np.concatenate(chunks) if chunks else np.empty(0))
+        tail.update({f"mean_{key}_ms": st["mean"], f"median_{key}_ms": st["median"], f"std_{key}_ms": st["std"],
+                     f"p99_{key}_ms": st["p99"]})
+    # json.dumps of the whole object, piece by piece: same separators, same key order, same bytes.
+    out.write("{" + json.dumps(head)[1:-1])
+    for key in _VLLM_LISTS:
+        out.write(f", {json.dumps(key)}: ")
+        lists[key].copy_to(out)
+    out.write(", " + json.dumps(tail)[1:] + "\n")
 
 
 def _epoch_ms(meta) -> float:
@@ -104,41 +173,49 @@ def _epoch_ms(meta) -> float:
     return datetime.fromisoformat(meta.start_time.replace("Z", "+00:00")).timestamp() * 1000.0
 
 
-def aiperf(outdir: Path) -> str:
-    """The replay as aiperf ``profile_export.jsonl`` records (one per request)."""
-    rows, _info, meta = _rows(outdir)
-    base = _epoch_ms(meta)
-    lines = []
-    for i, r in enumerate(rows):
-        start_ns = round((base + r["arrival_ms"]) * 1e6)
-        finished = r["status"] == "finished"
-        metadata = {"session_num": i, "x_request_id": r["request_id"],
-                    "x_correlation_id": r["session_id"] or r["request_id"],
-                    "conversation_id": r["session_id"] or r["request_id"],
-                    "turn_index": (r["turn"] - 1) if r["turn"] else 0, "request_start_ns": start_ns,
-                    "request_ack_ns": None,
-                    "request_end_ns": round((base + r["finish_ms"]) * 1e6) if finished else start_ns,
-                    "worker_id": "replay", "record_processor_id": "replay", "benchmark_phase": "profiling",
-                    "was_cancelled": False, "cancellation_time_ns": None}
-        if finished:
-            ms = lambda v: {"value": v, "unit": "ms"}  # noqa: E731
-            metrics = {"input_sequence_length": {"value": r["input_tokens"], "unit": "tokens"},
-                       "time_to_first_token": ms(r["ttft_ms"]), "request_latency": ms(r["e2e_ms"]),
-                       "output_token_count": {"value": r["output_tokens"], "unit": "tokens"},
-                       "inter_chunk_latency": ms(list(r["itl_ms"])),
-                       "output_sequence_length": {"value": r["output_tokens"], "unit": "tokens"}}
-            if r["tpot_ms"] is not None:
-                metrics["inter_token_latency"] = ms(r["tpot_ms"])
-                if r["tpot_ms"] > 0:
-                    metrics["output_token_throughput_per_user"] = {"value": 1000.0 / r["tpot_ms"],
-                                                                   "unit": "tokens/sec/user"}
-            error = None
-        else:
-            metrics = {"error_isl": {"value": r["input_tokens"], "unit": "tokens"}}
-            error = {"code": 503, "type": f"Replay{r['status'].capitalize()}",
-                     "message": r["reject_reason"] or "did not finish in the replay"}
-        lines.append(json.dumps({"metadata": metadata, "metrics": metrics, "error": error}))
-    return "\n".join(lines) + "\n"
+def aiperf(outdir: Path, out: TextIO) -> None:
+    """The replay as aiperf ``profile_export.jsonl`` records (one per request), written to ``out``."""
+    with _batches(outdir) as (batches, _info, meta):
+        base = _epoch_ms(meta)
+        i = 0
+        for batch in batches:
+            lines = [_aiperf_record(i + k, r, base) for k, r in enumerate(batch.to_pylist())]
+            out.write("".join(line + "\n" for line in lines))
+            i += len(lines)
+    if i == 0:
+        out.write("\n")
+
+
+def _aiperf_record(i: int, r: dict[str, Any], base: float) -> str:
+    """One request's aiperf record."""
+    start_ns = round((base + r["arrival_ms"]) * 1e6)
+    finished = r["status"] == "finished"
+    metadata = {"session_num": i, "x_request_id": r["request_id"],
+                "x_correlation_id": r["session_id"] or r["request_id"],
+                "conversation_id": r["session_id"] or r["request_id"],
+                "turn_index": (r["turn"] - 1) if r["turn"] else 0, "request_start_ns": start_ns,
+                "request_ack_ns": None,
+                "request_end_ns": round((base + r["finish_ms"]) * 1e6) if finished else start_ns,
+                "worker_id": "replay", "record_processor_id": "replay", "benchmark_phase": "profiling",
+                "was_cancelled": False, "cancellation_time_ns": None}
+    if finished:
+        ms = lambda v: {"value": v, "unit": "ms"}  # noqa: E731
+        metrics = {"input_sequence_length": {"value": r["input_tokens"], "unit": "tokens"},
+                   "time_to_first_token": ms(r["ttft_ms"]), "request_latency": ms(r["e2e_ms"]),
+                   "output_token_count": {"value": r["output_tokens"], "unit": "tokens"},
+                   "inter_chunk_latency": ms(list(r["itl_ms"])),
+                   "output_sequence_length": {"value": r["output_tokens"], "unit": "tokens"}}
+        if r["tpot_ms"] is not None:
+            metrics["inter_token_latency"] = ms(r["tpot_ms"])
+            if r["tpot_ms"] > 0:
+                metrics["output_token_throughput_per_user"] = {"value": 1000.0 / r["tpot_ms"],
+                                                               "unit": "tokens/sec/user"}
+        error = None
+    else:
+        metrics = {"error_isl": {"value": r["input_tokens"], "unit": "tokens"}}
+        error = {"code": 503, "type": f"Replay{r['status'].capitalize()}",
+                 "message": r["reject_reason"] or "did not finish in the replay"}
+    return json.dumps({"metadata": metadata, "metrics": metrics, "error": error})
 
 
 def export(outdir: str | Path, fmt: str, dest: str | Path) -> Path:
@@ -152,6 +229,6 @@ def export(outdir: str | Path, fmt: str, dest: str | Path) -> Path:
     run.con.close()
     inputs = run_files(outdir) + [run.trace_path]
     check_output_file(dest, inputs)  # before any work: never onto the replay's own files
-    text = vllm_bench(outdir) if fmt == "vllm-bench" else aiperf(outdir)
-    write_text_atomic(dest, text, inputs)
+    with atomic_path(dest, inputs) as tmp, open(tmp, "w", encoding="utf-8") as out:
+        (vllm_bench if fmt == "vllm-bench" else aiperf)(outdir, out)
     return dest

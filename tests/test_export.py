@@ -64,3 +64,23 @@ def test_export_is_deterministic_and_refuses_run_files(small_run: Path, tmp_path
         export(small_run, "aiperf", small_run / "requests.parquet")
     res = CliRunner().invoke(app, ["export", str(small_run), "-f", "csv", "-o", str(tmp_path / "x")])
     assert res.exit_code == 2 and "unknown export format" in res.output
+
+
+@pytest.mark.parametrize("fmt", ["vllm-bench", "aiperf"])
+def test_export_streams_in_batches_to_the_same_bytes(small_run: Path, tmp_path: Path, monkeypatch, fmt) -> None:
+    # The export query is read a batch of requests at a time (bounded memory at 1 M requests): batches
+    # of 7 (lists joined across batches, totals, first arrival and last finish over batches) give the
+    # bytes of one batch, which are json.dumps of the whole object.
+    import reports.export as ex
+
+    whole = export(small_run, fmt, tmp_path / "whole").read_bytes()
+    monkeypatch.setattr(ex, "EXPORT_BATCH_ROWS", 7)
+    assert export(small_run, fmt, tmp_path / "small").read_bytes() == whole
+    if fmt == "vllm-bench":
+        doc = json.loads(whole)
+        assert whole.decode() == json.dumps(doc) + "\n"
+        ok = [i for i, e in enumerate(doc["errors"]) if not e]
+        itl = [1000.0 * g for i in ok for g in doc["itls"][i]]
+        assert doc["mean_itl_ms"] == pytest.approx(sum(itl) / len(itl))
+        assert doc["duration"] == pytest.approx(max(doc["latencies"][i] + doc["start_times"][i] for i in ok)
+                                                - min(doc["start_times"]))

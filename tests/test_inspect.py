@@ -86,20 +86,38 @@ def _reference_stats(rows: list[tuple[int, int, list[int] | None]], block: int, 
             "block_reuse_fraction": hits / refs, "token_prefix_hit_infinite": tokens / total, "lru_hit": lru}
 
 
-@pytest.mark.parametrize("block_rows", [1, 3, 1 << 18])
-def test_reuse_figures_block_by_block_equal_the_definitions(block_rows, monkeypatch) -> None:
-    # The reuse passes work on blocks of rows (bounded memory at 10 M rows): any block size gives the
-    # figures of the definitions, on unsorted arrivals (with ties), rows without ids and a chunked table.
+def _random_rows(rng, n_max: int = 120, ids: int = 25) -> list[tuple[int, int, list[int] | None]]:
+    return [(rng.randrange(40), rng.randrange(1, 400),
+             None if rng.random() < 0.1 else [rng.randrange(ids) for _ in range(rng.randrange(6))])
+            for _ in range(rng.randrange(1, n_max))]
+
+
+def _assert_same_figures(got: dict, want: dict) -> None:
+    # Exact: every figure is an integer count divided once, by the same division as the definitions.
+    for key in ("block_references", "unique_blocks", "block_reuse_fraction", "token_prefix_hit_infinite",
+                "lru_hit"):
+        assert got[key] == want[key], key
+
+
+# (rows per block, references per first-use pass): one row per block and a pass per 4 references
+# (tens of parts, many ids alone in theirs), small odd sizes, and the defaults (one block, one pass).
+SIZES = [(1, 4), (3, 5), (7, 64), (1 << 18, 1 << 23)]
+
+
+@pytest.mark.parametrize(("block_rows", "pass_refs"), SIZES)
+def test_reuse_figures_out_of_core_equal_the_definitions(block_rows, pass_refs, monkeypatch) -> None:
+    # The reuse passes read the ids one block of rows at a time and split the id space into parts of
+    # about pass_refs references (bounded memory at 10 M rows): any sizes give the figures of the
+    # definitions, on unsorted arrivals (with ties), rows without ids and a chunked table.
     import random
 
-    import ingest.stats as stats
+    import ingest.reuse as reuse
 
-    monkeypatch.setattr(stats, "BLOCK_ROWS", block_rows)
-    rng = random.Random(block_rows)
-    for _ in range(20):
-        rows = [(rng.randrange(40), rng.randrange(1, 400),
-                 None if rng.random() < 0.1 else [rng.randrange(25) for _ in range(rng.randrange(6))])
-                for _ in range(rng.randrange(1, 120))]
+    monkeypatch.setattr(reuse, "BLOCK_ROWS", block_rows)
+    monkeypatch.setattr(reuse, "PASS_REFS", pass_refs)
+    rng = random.Random(block_rows * 1000 + pass_refs)
+    for _ in range(8):
+        rows = _random_rows(rng)
         t = _table([(a, i, ids if ids is not None else []) for a, i, ids in rows])
         if len(rows) > 2:
             t = pa.concat_tables([t.slice(0, len(rows) // 2), t.slice(len(rows) // 2)])
@@ -107,11 +125,59 @@ def test_reuse_figures_block_by_block_equal_the_definitions(block_rows, monkeypa
         want = _reference_stats(rows, 16, [1, 4, 50])
         if not want["block_references"]:
             continue
-        for key in ("block_references", "unique_blocks"):
-            assert got[key] == want[key]
-        for key in ("block_reuse_fraction", "token_prefix_hit_infinite"):
-            assert got[key] == pytest.approx(want[key], rel=1e-12)
-        assert got["lru_hit"] == pytest.approx(want["lru_hit"], rel=1e-12)
+        _assert_same_figures(got, want)
+
+
+def _write(tmp_path: Path, rows: list[tuple[int, int, list[int] | None]], name: str = "t.parquet") -> Path:
+    from ingest.schema import TraceMetadata
+    from ingest.writer import TraceWriter
+
+    meta = TraceMetadata(source_format="test", source_file="-", time_unit="ms", hash_block_size=16,
+                         prefix_identity="synthesized")
+    path = tmp_path / name
+    t = _table(rows)
+    writer = TraceWriter(path, meta, row_group_rows=7)  # several row groups
+    for start in range(0, t.num_rows, 5):
+        writer.write(t.slice(start, 5))
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize(("block_rows", "pass_refs"), SIZES)
+def test_inspect_of_a_parquet_file_streams_the_same_figures(block_rows, pass_refs, tmp_path, monkeypatch) -> None:
+    # `replay inspect FILE.parquet` reads hash_ids from the file pass by pass (never into the table):
+    # its JSON equals the definitions and the in-memory figures of the whole table, sorted or not.
+    import random
+
+    import ingest.reuse as reuse
+    from ingest import read_trace
+
+    monkeypatch.setattr(reuse, "BLOCK_ROWS", block_rows)
+    monkeypatch.setattr(reuse, "PASS_REFS", pass_refs)
+    rng = random.Random(7 + block_rows + pass_refs)
+    for k in range(4):
+        rows = _random_rows(rng, 100, 40)
+        if k % 2:
+            rows.sort(key=lambda r: r[0])  # in arrival order: the streamed path (unsorted: read whole)
+        path = _write(tmp_path, rows, f"t{k}.parquet")
+        res = CliRunner().invoke(app, ["inspect", str(path), "--json", "--lru-blocks", "1,4,50"])
+        assert res.exit_code == 0, res.output
+        got = json.loads(res.output)
+        want = _reference_stats(rows, 16, [1, 4, 50])
+        if not want["block_references"]:
+            assert got["block_reuse_fraction"] is None
+            continue
+        _assert_same_figures(got, want)
+        in_memory = trace_stats(read_trace(path)[0], lru_blocks=(1, 4, 50))
+        assert {k: v for k, v in got.items() if k in in_memory} == json.loads(json.dumps(in_memory))
+
+
+def test_inspect_names_a_null_hash_id(tmp_path: Path) -> None:
+    # Ingest refuses [null, 2]; a hand-made Parquet file can hold it: one line naming file, row and field.
+    path = _write(tmp_path, [(0, 30, [1, 2]), (1, 30, [3, None])])
+    res = CliRunner().invoke(app, ["inspect", str(path)])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "field 'hash_ids'" in text and "row 1" in text and "Traceback" not in text
 
 
 def test_stats_need_block_size_when_ids_present() -> None:

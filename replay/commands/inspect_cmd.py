@@ -46,15 +46,15 @@ def register(app: typer.Typer) -> None:
         drop_failed: bool = typer.Option(False, "--drop-failed", help="Drop failed requests (zero output tokens)."),
     ) -> None:
         """Rows, span, rate, burstiness, length percentiles, sessions and prefix reuse of a trace."""
-        from ingest.api import load_trace, trace_stats
+        from ingest.api import inspect_trace
         from ingest.measured_stats import label_summary, measured_summary
         from ingest.options import parse_map_flags
 
         with user_errors():
             caps = _capacities(lru_blocks)
-            table, meta = load_trace(trace, format=format, block_size=block_size, time_unit=time_unit,
-                                     mapping=parse_map_flags(map_ or []), drop_failed=drop_failed)
-            stats = trace_stats(table, caps)
+            stats, table, meta = inspect_trace(trace, caps, format=format, block_size=block_size,
+                                               time_unit=time_unit, mapping=parse_map_flags(map_ or []),
+                                               drop_failed=drop_failed)
         stats["source_format"] = meta.source_format
         stats["prefix_identity"] = meta.prefix_identity
         stats.update(measured=measured_summary(table), labels=label_summary(table),

@@ -13,6 +13,18 @@ from replay.errors import ConfigError
 _FORMATS = {".jsonl": "mooncake", ".parquet": "parquet", ".csv": "azure"}
 
 
+class _Counted:
+    """Passes tables through, counting their rows (for the closing line)."""
+
+    def __init__(self, tables) -> None:
+        self._tables, self.rows = tables, 0
+
+    def __iter__(self):
+        for table in self._tables:
+            self.rows += table.num_rows
+            yield table
+
+
 def register(app: typer.Typer) -> None:
     @app.command("synth")
     def synth(
@@ -53,11 +65,11 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(str(exc)) from None
             if kind == "azure":
                 n = sy.write_azure_csv(cfg, output)
-            else:
-                table = sy.generate(cfg)
-                n = table.num_rows
+            else:  # one batch of rows at a time (issue 16: 10 M requests in Python lists took 11.6 GB)
+                counted = _Counted(sy.arrival_batches(cfg))
                 if kind == "parquet":
-                    sy.write_parquet(table, cfg, output)
+                    sy.write_parquet(counted, cfg, output)
                 else:
-                    sy.write_mooncake_jsonl(table, output)
+                    sy.write_mooncake_jsonl(counted, output)
+                n = counted.rows
         console.print(f"wrote {n:,} requests to {output}")
