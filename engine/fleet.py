@@ -34,7 +34,7 @@ from engine.core import DYNAMIC, OPEN, EngineCore
 from engine.recorder import Recorder
 from engine.request import Request
 from engine.routers.base import Router
-from engine.trace_input import TraceArrays
+from engine.trace_input import TraceArrays, shared_lead_within
 
 ProgressFn = Callable[[float, int], None]
 
@@ -93,6 +93,13 @@ class FleetLoop:
             for core in cores:
                 core.on_finished = self._on_finished
                 core.finish_is_quiet = quiet
+        # Leading ids another request could hit, per row: counted within each replica's own rows
+        # when the routing is known in advance (engine/trace_input.shared_lead_within).
+        self._shared_lead = trace.shared_lead
+        targets = self._targets_in_advance()
+        if targets is not None:
+            self._shared_lead = shared_lead_within(np.asarray(trace.hash_values, dtype=np.uint64),
+                                                   trace.hash_offsets, targets)
         self._own_positions: list[np.ndarray] = []
         if self._predict == "static":
             targets = router.static_targets(plan.open_order)
@@ -159,6 +166,22 @@ class FleetLoop:
             chain[d] = frozenset(reach)
         return {d: tuple(sorted(r)) for d, r in chain.items()}
 
+    def _targets_in_advance(self) -> np.ndarray | None:
+        """Every trace row's replica (-1: never replayed) when routing depends on the row alone, or
+        on open-loop arrival order alone (round robin without closed-loop arrivals); else None."""
+        n = len(self.trace)
+        if self._predict == "static":
+            return self.router.static_targets(np.arange(n, dtype=np.int64))
+        if self._predict == "offset" and not self.plan.dependents and not self.plan.concurrency:
+            targets = np.full(n, -1, dtype=np.int64)
+            order = np.asarray(self._open_order, dtype=np.int64)
+            first = np.array([self.router.next_open_offset(r) for r in range(len(self.cores))], dtype=np.int64)
+            position_replica = np.empty(len(self.cores), dtype=np.int64)
+            position_replica[first % len(self.cores)] = np.arange(len(self.cores))
+            targets[order] = position_replica[np.arange(len(order)) % len(self.cores)]
+            return targets
+        return None
+
     def _prediction_mode(self) -> str:
         """How far a replica may look ahead for its own next arrival (see the module doc)."""
         router = self.router
@@ -187,7 +210,7 @@ class FleetLoop:
         off = t.hash_offsets
         inp = int(t.input_tokens[idx])
         keys = BlockKeys(t.hash_values, int(off[idx]), int(off[idx + 1]), t.hash_block_size,
-                         self.block_size, inp, idx, self.hash_lookahead, int(t.shared_lead[idx]))
+                         self.block_size, inp, idx, self.hash_lookahead, int(self._shared_lead[idx]))
         req = Request(idx, t.request_id[idx], time_ms, inp, int(t.output_tokens[idx]), keys,
                       t.session_id[idx], int(t.turn[idx]) if t.turn[idx] >= 0 else None,
                       int(t.priority[idx]))

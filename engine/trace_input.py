@@ -129,3 +129,23 @@ def shared_lead(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     if len(rows):
         lead[rows] = np.maximum.reduceat(upto, starts[rows])
     return lead
+
+
+def shared_lead_within(flat: np.ndarray, offsets: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """``shared_lead`` where only rows of the same group count as others: with replicas known in
+    advance (a router whose choice depends on the row alone, or round robin over open-loop
+    arrivals), a request can only hit the cache of its own replica, so ids shared with rows served
+    elsewhere name blocks nobody here can look up. Rows of group -1 (never replayed) share nothing.
+    """
+    n = len(offsets) - 1
+    lead = np.zeros(max(n, 0), dtype=np.int64)
+    if n <= 0 or not len(flat):
+        return lead
+    lengths = np.diff(offsets)
+    for g in np.unique(groups[groups >= 0]).tolist():
+        rows = np.flatnonzero(groups == g)
+        sub = flat[np.repeat(groups == g, lengths)]
+        sub_offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths[rows], out=sub_offsets[1:])
+        lead[rows] = shared_lead(sub, sub_offsets)
+    return lead

@@ -277,3 +277,57 @@ def test_rejected_rows_keep_their_requested_output_length(tmp_path):
     assert reqs.loc["r1", "status"] == "rejected" and reqs.loc["r1", "output_tokens"] == 9
     assert pd.isna(reqs.loc["r1", "replica"]) and reqs.loc["r0", "replica"] == 0
     assert info["totals"]["output_tokens"] == 7 and info["totals"]["rejected"] == 1
+
+
+def _pair_rows(n: int, seed: int) -> list[dict]:
+    """Rows 4k, 4k + 1 and 4k + 2 start with the same ids, row 4k + 3 shares nothing. Under round
+    robin over two replicas, rows 4k and 4k + 2 meet on one replica (the second can hit the first),
+    while row 4k + 1's copy is alone on the other: nobody there can hit it."""
+    rng = np.random.default_rng(seed)
+    rows, t = [], 0
+    for i in range(n):
+        t += int(rng.exponential(20))
+        lead = [5 * 10**6 + (i // 4) * 100 + j for j in range(3)] if i % 4 < 3 else []
+        own = [10**7 + i * 100 + j for j in range(int(rng.integers(1, 5)))]
+        ids = lead + own
+        rows.append(dict(request_id=f"r{i}", arrival_ms=t, input_tokens=16 * len(ids) - int(rng.integers(0, 8)),
+                         output_tokens=int(rng.integers(1, 80)), hash_ids=ids))
+    return rows
+
+
+@pytest.mark.parametrize("router", ["round_robin", "random", "session_affinity"])
+def test_blocks_shared_only_with_other_replicas_are_private_and_change_nothing(tmp_path, monkeypatch, router):
+    """With routing known in advance, a row's ids shared only with rows served elsewhere name blocks
+    nobody on its replica can hit (engine/trace_input.shared_lead_within): they are kept out of the
+    prefix-cache map like any private block. The outputs must be those of counting every row."""
+    import engine.fleet as fleet_module
+    from engine.trace_input import shared_lead, shared_lead_within
+
+    table, meta = make_trace(_pair_rows(200, 5))
+    data = {"scheduler": {"max_num_batched_tokens": 96}, "fleet": {"replicas": 2, "router": router}}
+    seen = []
+    monkeypatch.setattr(fleet_module, "shared_lead_within",
+                        lambda flat, off, groups: seen.append(shared_lead_within(flat, off, groups)) or seen[-1])
+    within = _run(table, meta, data, tmp_path / "within", 40)
+    assert len(seen) == 1
+    monkeypatch.setattr(fleet_module, "shared_lead_within", lambda flat, off, groups: shared_lead(flat, off))
+    everyone = _run(table, meta, data, tmp_path / "all", 40)
+    assert (tmp_path / "within" / "requests.parquet").read_bytes() == (tmp_path / "all" / "requests.parquet").read_bytes()
+    for name, key in (("chunks.parquet", ["request_id", "time_ms"]), ("steps.parquet", ["replica", "step"])):
+        x, y = (pd.read_parquet(tmp_path / d / name).sort_values(key).reset_index(drop=True) for d in ("within", "all"))
+        pd.testing.assert_frame_equal(x, y, check_exact=True)
+    assert within["totals"] == everyone["totals"]
+    assert within["totals"]["preemptions"] > 0  # private blocks of preempted requests are registered then
+    assert within["totals"]["prefix_hit_tokens"] > 0
+    flat = np.array([i for r in _pair_rows(200, 5) for i in r["hash_ids"]], dtype=np.uint64)
+    assert seen[0].sum() < shared_lead(flat, np.cumsum([0] + [len(r["hash_ids"]) for r in _pair_rows(200, 5)])).sum()
+
+
+def test_shared_lead_within_counts_only_rows_of_the_same_group():
+    from engine.trace_input import shared_lead_within
+
+    # rows: [1,2] [1,2,3] [1,9] [4] ; groups 0, 1, 0, -1
+    flat = np.array([1, 2, 1, 2, 3, 1, 9, 4], dtype=np.uint64)
+    offsets = np.array([0, 2, 5, 7, 8])
+    assert shared_lead_within(flat, offsets, np.array([0, 1, 0, -1])).tolist() == [1, 0, 1, 0]
+    assert shared_lead_within(flat, offsets, np.array([0, 0, 0, 0])).tolist() == [2, 2, 1, 0]
