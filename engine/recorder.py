@@ -36,6 +36,15 @@ _TYPECODES = {np.dtype(np.int64): "q", np.dtype(np.int32): "i", np.dtype(np.floa
 _PARQUET_OPTS = dict(compression="snappy", write_statistics=True, use_dictionary=True)
 
 
+def _stream_opts(schema: pa.Schema) -> dict:
+    """The streamed files (steps, chunks: tens of millions of rows) dictionary-encode only their
+    integer and string columns. Their float columns (times, durations, usage) almost never repeat,
+    so a dictionary page is tried, overflows and falls back on every row group: half of the writer
+    thread's time for 15% smaller steps files (measured on 2 M steps and 4 M chunk rows of the
+    32-replica replay: steps 0.78 -> 0.39 s, 33.0 -> 37.9 MB; chunks 0.39 -> 0.23 s, same size)."""
+    return dict(_PARQUET_OPTS, use_dictionary=[f.name for f in schema if not pa.types.is_floating(f.type)])
+
+
 class Recorder:
     def __init__(self, trace: TraceArrays, outdir: Path, *, replica_column: bool = False) -> None:
         """``replica_column``: a fleet of more than one replica adds a ``replica`` column to
@@ -73,8 +82,9 @@ class Recorder:
         self._step_sizes = [dt.itemsize for dt in self._step_dtypes]
         self._step_cols: list[array] = [array(code) for code in self._step_codes]
         self._request_ids = pa.array(trace.request_id, pa.string())
-        self._chunk_writer = pq.ParquetWriter(outdir / "chunks.parquet", CHUNKS_SCHEMA, **_PARQUET_OPTS)
-        self._step_writer = pq.ParquetWriter(outdir / "steps.parquet", self._steps_schema, **_PARQUET_OPTS)
+        self._chunk_writer = pq.ParquetWriter(outdir / "chunks.parquet", CHUNKS_SCHEMA, **_stream_opts(CHUNKS_SCHEMA))
+        self._step_writer = pq.ParquetWriter(outdir / "steps.parquet", self._steps_schema,
+                                             **_stream_opts(self._steps_schema))
         self._writes = BackgroundWriter()  # row groups are encoded and written on a second thread
         self.num_chunks = 0
         self.num_steps = 0
