@@ -44,6 +44,10 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "replay.cli", *args]
 
 
+def _export(fixture: str, fmt: str, out_name: str):
+    return lambda w: _cli("export", str(w / fixture / "a"), "-f", fmt, "-o", str(w / "out" / out_name))
+
+
 # name -> (fixture it needs, what it measures, command builder over the work dir)
 CASES = {
     "report": ("reports", "replay report, 1 M requests, 19 M chunk rows (charts, --json)",
@@ -64,12 +68,10 @@ CASES = {
                    lambda w: _cli("ingest", str(w / "azure10m_ooo.csv"), "-o", str(w / "out" / "ooo.parquet"))),
     "synth": (None, "replay synth -n 10000000 --rate 100 (Parquet, 73 M hash-id references)",
               lambda w: _cli("synth", "-n", "10000000", "--rate", "100", "-o", str(w / "out" / "synth10m.parquet"))),
-    "export-vllm": ("reports", "replay export --format vllm-bench, 1 M requests, 19 M chunk rows",
-                    lambda w: _cli("export", str(w / "reports" / "a"), "-f", "vllm-bench", "-o",
-                                   str(w / "out" / "export.json"))),
-    "export-aiperf": ("reports", "replay export --format aiperf, 1 M requests, 19 M chunk rows",
-                      lambda w: _cli("export", str(w / "reports" / "a"), "-f", "aiperf", "-o",
-                                     str(w / "out" / "export.jsonl"))),
+    **{f"export-{short}{suffix}": (fixture, f"replay export --format {fmt}, 1 M requests, {chunks} chunk rows",
+                                   _export(fixture, fmt, f"export{suffix}.{ext}"))
+       for short, fmt, ext in (("vllm", "vllm-bench", "json"), ("aiperf", "aiperf", "jsonl"))
+       for fixture, suffix, chunks in (("reports", "", "19 M"), ("reports-dense", "-dense", "51 M"))},
     "run-quiet": ("synth1m", "replay run -q, 1 M requests",
                   lambda w: _cli("run", str(w / "synth1m.parquet"), "-c", str(RUN_CONFIG), "-o",
                                  str(w / "out" / "run-q"), "-q")),

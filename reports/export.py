@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replay.atomic import atomic_path, check_output_file
+from replay.duckdb_conn import connect
 from replay.errors import ReplayError
 from reports.sqlfiles import sql
 from reports.views import open_run
@@ -42,12 +43,55 @@ EXPORT_BATCH_ROWS = 65_536
 
 @contextlib.contextmanager
 def _batches(outdir: Path) -> Iterator[tuple[Iterator[pa.RecordBatch], dict[str, Any], Any]]:
-    """The export query's rows (trace order) in batches, with run.json and the trace metadata."""
-    run = open_run(outdir)
+    """The export query's rows (trace order) in batches, with run.json and the trace metadata; each
+    batch carries ``itl_ms``, its requests' gaps between consecutive chunks (ms, in time order)."""
+    run = open_run(outdir, connect(EXPORT_DUCKDB_MB))
     try:
-        yield run.con.sql(sql("export_requests")).to_arrow_reader(EXPORT_BATCH_ROWS), run.info, run.trace_meta
+        requests = run.con.sql(sql("export_requests")).to_arrow_table()  # a few columns per request, no lists
+        chunks = run.con.sql(sql("export_chunk_times")).to_arrow_reader(CHUNK_BATCH_ROWS)
+        yield _with_itl(requests, chunks), run.info, run.trace_meta
     finally:
         run.con.close()
+
+
+# Chunk rows per batch of the sorted chunk stream.
+CHUNK_BATCH_ROWS = 1 << 20
+# DuckDB's budget here (it spills the chunk sort past it): the ITL samples the statistics need are
+# held in numpy beside it (8 bytes each: 408 MB for 51 M chunks), so the report default of 1 GB
+# would take a dense 1 M-request export past 2 GB (issue 16; bench/README.md).
+EXPORT_DUCKDB_MB = 384
+
+
+def _with_itl(requests: pa.Table, chunks: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
+    """Request batches of EXPORT_BATCH_ROWS with the ``itl_ms`` list of each request: the chunk stream
+    is sorted by (request position, time), so each batch takes the chunk rows of its positions.
+    Gaps are the same float subtraction as ``time_ms - lag(time_ms)``; a request without chunks
+    gets an empty list."""
+    pos = np.zeros(0, dtype=np.int64)
+    times = np.zeros(0, dtype=np.float64)
+    stream = iter(chunks)
+    done = False
+    lo = 0
+    for batch in requests.to_batches(EXPORT_BATCH_ROWS):
+        hi = lo + batch.num_rows
+        while not done and (not len(pos) or pos[-1] < hi):
+            nxt = next(stream, None)
+            if nxt is None:
+                done = True
+                break
+            pos = np.concatenate([pos, nxt.column("pos").to_numpy().astype(np.int64)])
+            times = np.concatenate([times, nxt.column("time_ms").to_numpy()])
+        cut = int(np.searchsorted(pos, hi))
+        p, t = pos[:cut], times[:cut]
+        pos, times = pos[cut:], times[cut:]
+        same = p[1:] == p[:-1]  # a gap follows every chunk but a request's first
+        gaps = (t[1:] - t[:-1])[same]
+        counts = np.bincount(p - lo, minlength=hi - lo) if len(p) else np.zeros(hi - lo, dtype=np.int64)
+        offsets = np.zeros(hi - lo + 1, dtype=np.int32)
+        np.cumsum(np.maximum(counts - 1, 0), out=offsets[1:])
+        itl = pa.ListArray.from_arrays(pa.array(offsets), pa.array(gaps, type=pa.float64()))
+        yield pa.RecordBatch.from_arrays([*batch.columns, itl], names=[*batch.schema.names, "itl_ms"])
+        lo = hi
 
 
 def _stats(values: np.ndarray) -> dict[str, float]:

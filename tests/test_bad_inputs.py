@@ -128,3 +128,17 @@ def test_garbled_trace_is_named_by_the_api(trace, tmp_path):
     assert pq.read_schema(bad).names  # the footer still reads: only the data is damaged
     with pytest.raises(TraceError, match="g.parquet"):
         read_trace(bad)
+
+
+def test_export_out_of_duckdb_memory_is_one_line_and_exit_2(trace, tmp_path, monkeypatch):
+    """A query that cannot spill under the memory limit (or a full spill disk) ends with one line,
+    not DuckDB's traceback; nothing is written. A tiny limit forces it on a real run."""
+    import reports.export as export_module
+
+    write_sample_run(tmp_path / "out", trace)
+    monkeypatch.setattr(export_module, "EXPORT_DUCKDB_MB", 1)
+    res = invoke("export", tmp_path / "out", "-f", "vllm-bench", "-o", tmp_path / "e.json")
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: DuckDB ran out of memory"), res.output
+    assert not (tmp_path / "e.json").exists()
