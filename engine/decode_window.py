@@ -81,18 +81,13 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     if not nrun or nrun > lim.max_num_batched_tokens:
         return now, 0
     max_model_len = lim.max_model_len
-    m = 1 << 62
+    m = 1 << 62  # window step m finishes a request: it ends the window, or goes through the scheduler
     for r in running:
-        known = r.num_prompt_tokens + r.num_output_tokens
-        if known - r.num_computed_tokens != 1 or r.first_token_ms < 0:
+        if r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1 or r.first_token_ms < 0:
             return now, 0
-        remaining = r.max_tokens - r.num_output_tokens
-        to_len = max_model_len - known
-        if to_len < remaining:
-            remaining = to_len
-        if remaining < m:
-            m = remaining
-    m -= 1  # window step m finishes a request: it ends the window, or goes through the scheduler
+        f = _finishes_at(r, max_model_len)
+        if f < m:
+            m = f
     if m < min_steps or not sched.waiting_is_blocked():  # the queue check last: it may look up the head
         return now, 0
     # The finishing step joins the window when its finishes concern nobody but this replica: nobody

@@ -404,7 +404,7 @@ class Scheduler:
                 # vLLM 0.33 update_from_output: with spec decoding, blocks whose lookahead tokens are
                 # now known are cached at once (before a finished request frees them).
                 self.kv.cache_blocks(r, r.num_computed_tokens)
-            if r.num_output_tokens >= r.max_tokens or known + emitted >= max_model_len:
+            if length_reached(r, max_model_len):
                 r.status = RequestStatus.FINISHED
                 r.finish_ms = end_ms
                 r.num_draft_tokens = 0
@@ -424,11 +424,11 @@ class Scheduler:
             known = r.num_prompt_tokens + r.num_output_tokens
             if r.num_computed_tokens < known:
                 continue  # a non-final prefill chunk emits nothing
-            r.num_output_tokens = emitted = r.num_output_tokens + 1
+            r.num_output_tokens += 1
             if r.first_token_ms < 0:
                 r.first_token_ms = end_ms
             chunk_reqs.append(r.idx)
-            if emitted >= r.max_tokens or known + 1 >= max_model_len:
+            if length_reached(r, max_model_len):
                 r.status = RequestStatus.FINISHED
                 r.finish_ms = end_ms
                 finished.append(r)
@@ -439,7 +439,7 @@ class Scheduler:
         requests it completed, as _update_without_drafts does, and return how many."""
         done: list[Request] = []
         for r in self.running:
-            if r.num_output_tokens >= r.max_tokens or r.num_prompt_tokens + r.num_output_tokens >= max_model_len:
+            if length_reached(r, max_model_len):
                 r.status = RequestStatus.FINISHED
                 r.finish_ms = end_ms
                 done.append(r)
@@ -457,6 +457,11 @@ class Scheduler:
                     offload.request_finished(r, end_ms)
                 else:
                     self.kv.free(r)
+
+
+def length_reached(r: Request, max_model_len: int) -> bool:
+    """After a step's tokens are counted: the request has all its output, or fills the model."""
+    return r.num_output_tokens >= r.max_tokens or r.num_prompt_tokens + r.num_output_tokens >= max_model_len
 
 
 def _reserve_prefill_lookahead(remaining: int, n: int, lookahead: int) -> int:

@@ -86,7 +86,7 @@ def _with_itl(requests: pa.Table, chunks: pa.RecordBatchReader) -> Iterator[pa.R
         pos, times = pos[cut:], times[cut:]
         same = p[1:] == p[:-1]  # a gap follows every chunk but a request's first
         gaps = (t[1:] - t[:-1])[same]
-        counts = np.bincount(p - lo, minlength=hi - lo) if len(p) else np.zeros(hi - lo, dtype=np.int64)
+        counts = np.bincount(p - lo, minlength=hi - lo)
         offsets = np.zeros(hi - lo + 1, dtype=np.int32)
         np.cumsum(np.maximum(counts - 1, 0), out=offsets[1:])
         itl = pa.ListArray.from_arrays(pa.array(offsets), pa.array(gaps, type=pa.float64()))
