@@ -21,6 +21,15 @@ from __future__ import annotations
 
 _OFFSET_BITS = 24  # offsets inside a trace block (hash_block_size < 2**24 tokens)
 _UNIQUE_BITS = 40  # token positions inside one request (< 2**40 tokens)
+# A key is id * _ID_STRIDE + offset (and -(tag * _TAG_STRIDE + t) - 1 for unique keys), not the bit
+# concatenation (id << 24) | offset: the same order and the same differences inside a group, but the
+# id also lands in the low bits. Python hashes an int to itself and a dict picks its first slot from
+# the low bits, where block offsets (multiples of the block size, at most 2**24) leave concatenated
+# keys only a few dozen distinct slots; every lookup then probes several times (measured: 58 -> 35 ns
+# per lookup on 55,000 cached keys; the prefix-cache map, the G2 store and the routers' indexes all
+# look keys up).
+_ID_STRIDE = (1 << _OFFSET_BITS) + 1
+_TAG_STRIDE = (1 << _UNIQUE_BITS) + 1
 
 
 class BlockKeys:
@@ -60,8 +69,8 @@ class BlockKeys:
         if t <= self.input_tokens:
             hb = self.hash_block_size
             i = (t - 1) // hb
-            return (self.ids[self.start + i] << _OFFSET_BITS) | (t - i * hb)
-        return -((self.unique_tag << _UNIQUE_BITS) | t) - 1
+            return self.ids[self.start + i] * _ID_STRIDE + (t - i * hb)
+        return -(self.unique_tag * _TAG_STRIDE + t) - 1
 
     def block_keys(self, j0: int, j1: int) -> list[int]:
         """Keys of blocks j0..j1-1 (each must be full, lookahead included), as one flat list."""
@@ -92,11 +101,11 @@ class BlockKeys:
             while j < split:
                 i = ((j + 1) * bs + la - 1) // hb  # trace block holding the block's last token
                 last = min(split, ((i + 1) * hb - la) // bs)  # first j past this trace block
-                base = (ids[start + i] << _OFFSET_BITS) - i * hb + la
+                base = ids[start + i] * _ID_STRIDE - i * hb + la
                 out.append(range(base + (j + 1) * bs, base + last * bs + 1, bs))
                 j = last
         if j < j1:
-            neg = -(self.unique_tag << _UNIQUE_BITS) - 1 - la  # -(tag | t) - 1 == neg' - t, t < 2**40
+            neg = -self.unique_tag * _TAG_STRIDE - 1 - la  # -(tag * stride + t) - 1 == neg' - t
             out.append(range(neg - (j + 1) * bs, neg - j1 * bs - 1, -bs))
         return out
 
@@ -107,4 +116,4 @@ def key_group(key: int) -> int:
     Keys of one group that are one block apart differ by exactly the block size, so a group's keys
     held anywhere form disjoint arithmetic intervals (what the G2 run store indexes by).
     """
-    return key >> _OFFSET_BITS if key >= 0 else key >> _UNIQUE_BITS
+    return key // _ID_STRIDE if key >= 0 else key // _TAG_STRIDE
