@@ -23,6 +23,15 @@ tests/test_engine_real_traces.py); a freed prompt costs a few queue entries, not
 
 Reference counts are stored sparsely: a registered block is in use exactly when it is not in
 ``where``, and ``extra_refs`` counts references beyond the first (prefix sharing).
+
+The prefix-cache map (vLLM's cached_block_hash_to_block) is kept per trace block, not per key: a
+trace-named key is id * _ID_STRIDE + offset (engine/block_keys.py), and the keys of one trace block
+step by the block size, so ``groups`` maps (id, offset mod block size) to a table of slots indexed by
+offset // block size (slot 0 counts the filled ones). A prefix walk then reads one table slice per
+trace block instead of one dict lookup per block (``cached_prefix``), which was the largest single
+cost of admitting a request with a long shared prefix. Keys unique to a request (negative: generated
+tokens, prompts without ids) stay in a plain dict (``unique``). Same keys, same blocks, same
+decisions: the per-block reference (tests/reference_block_pool.py) keeps one dict entry per key.
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from itertools import repeat
+
+from engine.block_keys import _ID_STRIDE
 
 
 class PoolInvariantError(Exception):
@@ -43,16 +54,21 @@ def _require(ok: bool, message: str) -> None:
 
 
 class BlockPool:
-    __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "where", "num_free",
-                 "num_evictions", "_next_id", "_next_run", "uncached_first", "version", "watched", "watch_hit",
-                 "free_version")
+    __slots__ = ("num_gpu_blocks", "block_size", "extra_refs", "groups", "unique", "dups", "free_queue", "where",
+                 "num_free", "num_evictions", "_next_id", "_next_run", "uncached_first", "version", "watched",
+                 "watch_hit", "free_version")
 
-    def __init__(self, num_gpu_blocks: int) -> None:
+    def __init__(self, num_gpu_blocks: int, block_size: int = 16) -> None:
         if num_gpu_blocks < 2:
             raise ValueError("num_gpu_blocks must be at least 2 (block 0 is the null block)")
         self.num_gpu_blocks = num_gpu_blocks
         self.extra_refs: dict[int, int] = {}  # block -> references beyond the first
-        self.cached: dict[int, int] = {}  # key -> first cached copy
+        self.block_size = block_size
+        # The prefix-cache map, key -> first cached copy (see the module doc): trace-named keys in
+        # per-trace-block tables [filled, slot 0, slot 1, ...] (0: empty; block 0 is never handed
+        # out), keys unique to a request in a dict.
+        self.groups: dict[int, list[int]] = {}
+        self.unique: dict[int, int] = {}
         self.dups: dict[int, list[int]] = {}  # key -> further copies (rare)
         # run id -> [count, evicts] (anonymous) or [blocks, keys, next, stale] (registered)
         self.free_queue: OrderedDict[int, list] = OrderedDict({0: [num_gpu_blocks - 1, False]})
@@ -75,6 +91,193 @@ class BlockPool:
 
     def get_num_free_blocks(self) -> int:
         return self.num_free
+
+    # -- the prefix-cache map ------------------------------------------------------------------------
+    def _slot(self, key: int) -> tuple[int, int]:
+        """(table id, index in the table) of a trace-named key (key >= 0); one-to-one."""
+        bs = self.block_size
+        g = key // _ID_STRIDE
+        off = key - g * _ID_STRIDE
+        return g * bs + off % bs, 1 + off // bs
+
+    def cached_get(self, key: int) -> int | None:
+        """The first cached copy of ``key``, or None."""
+        if key < 0:
+            return self.unique.get(key)
+        tid, i = self._slot(key)
+        table = self.groups.get(tid)
+        if table is None or i >= len(table):
+            return None
+        b = table[i]
+        return b if b else None
+
+    def is_cached(self, key: int) -> bool:
+        return self.cached_get(key) is not None
+
+    def num_cached_keys(self) -> int:
+        return sum(t[0] for t in self.groups.values()) + len(self.unique)
+
+    def cached_items(self) -> list[tuple[int, int]]:
+        """(key, first copy) of every cached key (diagnostics and tests; O(map))."""
+        bs = self.block_size
+        out = list(self.unique.items())
+        for tid, table in self.groups.items():
+            g = tid // bs
+            rem = tid - g * bs
+            for i in range(1, len(table)):
+                if table[i]:
+                    out.append((g * _ID_STRIDE + (i - 1) * bs + rem, table[i]))
+        return out
+
+    def _put(self, key: int, b: int) -> bool:
+        """Map ``key`` to ``b`` unless it is mapped already (then False: ``b`` is a further copy)."""
+        if key < 0:
+            unique = self.unique
+            if key in unique:
+                return False
+            unique[key] = b
+            return True
+        tid, i = self._slot(key)
+        table = self.groups.get(tid)
+        if table is None:
+            table = [0] * (i + 1)
+            self.groups[tid] = table
+        elif i >= len(table):
+            table.extend([0] * (i + 1 - len(table)))
+        elif table[i]:
+            return False
+        table[i] = b
+        table[0] += 1
+        return True
+
+    def _replace(self, key: int, b: int) -> None:
+        """The first copy of a mapped ``key`` is now ``b``."""
+        if key < 0:
+            self.unique[key] = b
+        else:
+            tid, i = self._slot(key)
+            self.groups[tid][i] = b
+
+    def _drop(self, key: int) -> None:
+        """Unmap a mapped ``key``."""
+        if key < 0:
+            del self.unique[key]
+            return
+        tid, i = self._slot(key)
+        table = self.groups[tid]
+        table[i] = 0
+        left = table[0] - 1
+        if left == 0:
+            del self.groups[tid]
+            return
+        table[0] = left
+        while not table[-1]:  # trailing empty slots (eviction takes a prefix's tail first)
+            table.pop()
+
+    def _span(self, keys: list[int], j: int, step: int) -> int:
+        """End of the run of ``keys`` from ``j`` that steps by ``step`` (+-block size) inside one
+        table: consecutive slots, so one slice assignment maps or unmaps them all."""
+        key = keys[j]
+        off = key - (key // _ID_STRIDE) * _ID_STRIDE
+        # slots left in this table in the run's direction (offsets stay in [0, _ID_STRIDE))
+        room = (off // -step if step < 0 else (_ID_STRIDE - 1 - off) // step) + 1
+        end = len(keys)
+        if end > j + room:
+            end = j + room
+        k = j + 1
+        while k < end and keys[k] == key + step:
+            key += step
+            k += 1
+        return k
+
+    def _drop_all(self, keys: list[int]) -> None:
+        """Unmap mapped ``keys`` (eviction order: a trace block's blocks usually last first)."""
+        bs = self.block_size
+        groups = self.groups
+        n = len(keys)
+        j = 0
+        while j < n:
+            key = keys[j]
+            k = self._span(keys, j, -bs) if key >= 0 else j + 1
+            if k - j < 4:
+                for key in keys[j:k]:
+                    self._drop(key)
+                j = k
+                continue
+            tid, top = self._slot(key)
+            m = k - j
+            table = groups[tid]
+            table[top - m + 1:top + 1] = [0] * m
+            left = table[0] - m
+            if left == 0:
+                del groups[tid]
+            else:
+                table[0] = left
+                while not table[-1]:
+                    table.pop()
+            j = k
+
+    def _put_all(self, blocks: list[int], keys: list[int]) -> None:
+        """Map ``keys`` (prefix order) to ``blocks``; keys mapped already get a further copy."""
+        bs = self.block_size
+        groups = self.groups
+        n = len(keys)
+        j = 0
+        while j < n:
+            key = keys[j]
+            k = self._span(keys, j, bs) if key >= 0 else j + 1
+            m = k - j
+            if m >= 4:
+                tid, i = self._slot(key)
+                table = groups.get(tid)
+                if table is None:
+                    table = [0] * (i + m)
+                    groups[tid] = table
+                elif len(table) < i + m:
+                    table.extend([0] * (i + m - len(table)))
+                if table[i:i + m].count(0) == m:  # all free: one slice assignment
+                    table[i:i + m] = blocks[j:k]
+                    table[0] += m
+                    j = k
+                    continue
+            for b, key in zip(blocks[j:k], keys[j:k]):
+                if not self._put(key, b):  # computed twice (or twice in one call): a further copy
+                    self.dups.setdefault(key, []).append(b)
+            j = k
+
+    def cached_prefix(self, runs: list[range]) -> list[int]:
+        """First cached copies of the leading mapped keys of ``runs`` (BlockKeys.key_runs: each run
+        in one trace block, stepping by the block size, or unique keys), up to the first unmapped one.
+        One table slice per trace block."""
+        out: list[int] = []
+        groups = self.groups
+        bs = self.block_size
+        for rng in runs:
+            n = len(rng)
+            if n == 0:
+                continue
+            k0 = rng[0]
+            if k0 < 0 or rng.step != bs:
+                for key in rng:
+                    b = self.cached_get(key)
+                    if b is None:
+                        return out
+                    out.append(b)
+                continue
+            tid, i = self._slot(k0)
+            table = groups.get(tid)
+            if table is None:
+                return out
+            seg = table[i:i + n]
+            if len(seg) == n and 0 not in seg:
+                out += seg
+                continue
+            for b in seg:
+                if not b:
+                    return out
+                out.append(b)
+            return out
+        return out
 
     def get_new_blocks(self, n: int) -> list[int]:
         """Take ``n`` blocks from the LRU end; a taken block that is still cached is evicted now."""
@@ -111,7 +314,7 @@ class BlockPool:
                 if self.dups:
                     self._evict(b, key)
                 else:
-                    del self.cached[key]
+                    self._drop(key)
                 return [first]
         need = n
         while need:
@@ -161,19 +364,18 @@ class BlockPool:
                     for b, key in zip(taken, taken_keys):
                         self._evict(b, key)
                 else:  # every key has one copy, which must be the taken block
-                    deque(map(self.cached.__delitem__, taken_keys), 0)
+                    self._drop_all(taken_keys)
         return [first] if n == 1 else list(range(first, first + n))
 
     def _evict(self, b: int, key: int) -> None:
-        cached = self.cached
-        if cached.get(key) == b:
+        if self.cached_get(key) == b:
             copies = self.dups.get(key)
             if copies:
-                cached[key] = copies.pop(0)
+                self._replace(key, copies.pop(0))
                 if not copies:
                     del self.dups[key]
             else:
-                del cached[key]
+                self._drop(key)
         else:
             copies = self.dups[key]
             copies.remove(b)
@@ -270,30 +472,10 @@ class BlockPool:
 
     def cache_full_blocks(self, blocks: list[int], keys: list[int]) -> None:
         """Register newly full blocks under their keys (at scheduling time, as vLLM does)."""
-        cached = self.cached
         self.version += 1
         if self.watched is not None and not self.watched.isdisjoint(keys):
             self.watch_hit = True
-        if len(keys) == 1:
-            key = keys[0]
-            if key in cached:
-                self.dups.setdefault(key, []).append(blocks[0])
-            else:
-                cached[key] = blocks[0]
-            return
-        if cached.keys().isdisjoint(keys):
-            n0 = len(cached)
-            cached.update(zip(keys, blocks))
-            if len(cached) == n0 + len(keys):
-                return
-            for key in keys:  # a key twice in one call (never with chained ids): take the loop below
-                cached.pop(key, None)
-        dups = self.dups
-        for b, key in zip(blocks, keys):
-            if key in cached:
-                dups.setdefault(key, []).append(b)
-            else:
-                cached[key] = b
+        self._put_all(blocks, keys)
 
     def check_invariants(self, in_use_keys: dict[int, int | None], holders: dict[int, int]) -> None:
         """Debug mode: counts, references and keys agree (O(pool), never on the hot path).
@@ -328,12 +510,12 @@ class BlockPool:
         def key_of(b: int) -> int | None:
             return free_keys[b] if b in free_keys else in_use_keys.get(b)
 
-        for key, b in self.cached.items():
+        for key, b in self.cached_items():
             _require(key_of(b) == key, f"cached key of block {b} mismatches")
         for key, copies in self.dups.items():
-            _require(key in self.cached, "duplicate copy without a primary")
+            _require(self.is_cached(key), "duplicate copy without a primary")
             for b in copies:
                 _require(key_of(b) == key, f"block {b}: duplicate copy under the wrong key")
-        n_keys = len(self.cached) + sum(len(c) for c in self.dups.values())
+        n_keys = self.num_cached_keys() + sum(len(c) for c in self.dups.values())
         n_keyed = len(free_keys) + sum(1 for b, k in in_use_keys.items() if k is not None)
         _require(n_keys == n_keyed, f"{n_keys} cached copies but {n_keyed} keyed blocks")

@@ -18,7 +18,6 @@ from __future__ import annotations
 from engine.block_pool import BlockPool
 from engine.request import Request
 
-_KEY_BATCH = 64  # keys computed per batch while walking a prefix (most walks stop early)
 _EAGER = 1 << 62  # a preempted request registers every full block (it may look them up itself)
 
 
@@ -30,7 +29,7 @@ class KVCacheManager:
 
     def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = True,
                  hash_lookahead: int = 0, drop_last_hit: bool = False, reprefillable: int = 0) -> None:
-        self.pool = self.pool_factory(num_gpu_blocks)
+        self.pool = self.pool_factory(num_gpu_blocks, block_size)
         self.block_size = block_size
         self.enable_caching = enable_caching
         # MTP/EAGLE: [0.33] block hashes also cover the next `hash_lookahead` tokens;
@@ -80,19 +79,9 @@ class KVCacheManager:
             watch = True  # asked again after a change: a blocked head; watch the keys it reads
         elif pool.watched is not None:
             pool.watched = None  # another request's watch: drop it
-        hits: list[int] = []
-        cached_get = pool.cached.get
         walkable = limit
-        j = 0
-        while j < limit:
-            end = min(limit, j + _KEY_BATCH)
-            # One C-level pass per batch of keys (no per-key work in Python or boxing when compiled).
-            got: list = list(map(cached_get, req.keys.keys_upto(end)[j:end]))
-            if None in got:
-                hits += got[:got.index(None)]
-                break
-            hits += got
-            j = end
+        # One table slice per trace block (BlockPool.cached_prefix), no key materialised.
+        hits = pool.cached_prefix(req.keys.key_runs(0, limit, bs))
         walked = len(hits)
         if self.drop_last_hit and hits:
             hits.pop()

@@ -12,26 +12,26 @@ from collections.abc import Iterable
 from itertools import repeat
 from operator import itemgetter
 
-from engine.block_pool import BlockPool
 
 _first = itemgetter(0)
 _second = itemgetter(1)
 
 
 class PerBlockPool:
-    """One free-queue entry per block; the prefix-cache key map (cached, dups) is BlockPool's own."""
+    """One free-queue entry per block and one prefix-cache map entry per key (cached, dups)."""
 
-    __slots__ = ("num_gpu_blocks", "extra_refs", "cached", "dups", "free_queue", "num_evictions",
+    __slots__ = ("num_gpu_blocks", "block_size", "extra_refs", "cached", "dups", "free_queue", "num_evictions",
                  "uncached_first", "version", "watched", "watch_hit", "free_version")
 
     @property
     def num_free(self) -> int:
         return len(self.free_queue)
 
-    def __init__(self, num_gpu_blocks: int) -> None:
+    def __init__(self, num_gpu_blocks: int, block_size: int = 16) -> None:
         if num_gpu_blocks < 2:
             raise ValueError("num_gpu_blocks must be at least 2 (block 0 is the null block)")
         self.num_gpu_blocks = num_gpu_blocks
+        self.block_size = block_size
         self.extra_refs: dict[int, int] = {}  # block -> references beyond the first
         self.cached: dict[int, int] = {}  # key -> first cached copy
         self.dups: dict[int, list[int]] = {}  # key -> further copies (rare)
@@ -45,6 +45,29 @@ class PerBlockPool:
 
     def get_num_free_blocks(self) -> int:
         return len(self.free_queue)
+
+    # The prefix-cache map, one dict entry per key (BlockPool keeps per-trace-block tables).
+    def cached_get(self, key: int) -> int | None:
+        return self.cached.get(key)
+
+    def is_cached(self, key: int) -> bool:
+        return key in self.cached
+
+    def num_cached_keys(self) -> int:
+        return len(self.cached)
+
+    def cached_items(self) -> list[tuple[int, int]]:
+        return list(self.cached.items())
+
+    def cached_prefix(self, runs: list[range]) -> list[int]:
+        out: list[int] = []
+        for rng in runs:
+            for key in rng:
+                b = self.cached.get(key)
+                if b is None:
+                    return out
+                out.append(b)
+        return out
 
     def ref_cnt(self, b: int) -> int:
         if b == 0:
@@ -139,9 +162,33 @@ class PerBlockPool:
             else:
                 extra[b] = c - 1
 
-    # The key map is the same in both pools: only the free queue is under test.
-    _evict = BlockPool._evict
-    cache_full_blocks = BlockPool.cache_full_blocks
+    # The key map as a plain dict: BlockPool's per-trace-block tables are under test too.
+    def _evict(self, b: int, key: int) -> None:
+        cached = self.cached
+        if cached.get(key) == b:
+            copies = self.dups.get(key)
+            if copies:
+                cached[key] = copies.pop(0)
+                if not copies:
+                    del self.dups[key]
+            else:
+                del cached[key]
+        else:
+            copies = self.dups[key]
+            copies.remove(b)
+            if not copies:
+                del self.dups[key]
+
+    def cache_full_blocks(self, blocks: list[int], keys: list[int]) -> None:
+        """As BlockPool.cache_full_blocks, one dict entry per key."""
+        self.version += 1
+        if self.watched is not None and not self.watched.isdisjoint(keys):
+            self.watch_hit = True
+        for b, key in zip(blocks, keys):
+            if key in self.cached:
+                self.dups.setdefault(key, []).append(b)
+            else:
+                self.cached[key] = b
 
     def check_invariants(self, in_use_keys: dict[int, int | None], holders: dict[int, int]) -> None:
         fq = self.free_queue

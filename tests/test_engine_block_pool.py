@@ -13,6 +13,7 @@ import random
 
 import pytest
 
+from engine.block_keys import BlockKeys
 from engine.block_pool import BlockPool
 from tests.reference_block_pool import PerBlockPool
 
@@ -28,22 +29,47 @@ class _Table:
 def _hits(pool, keys: list[int]) -> list[int]:
     out = []
     for key in keys:
-        b = pool.cached.get(key)
+        b = pool.cached_get(key)
         if b is None:
             break
         out.append(b)
     return out
 
 
+def _tree_prompt(rng: random.Random, _tag: int) -> tuple[list[int], list[range]]:
+    """Keys of a small key tree (chained prefixes shared between requests), one run per key."""
+    keys, node = [], 0
+    for _ in range(rng.randint(1, 8)):
+        node = node * 4 + rng.randint(1, 4)
+        keys.append(node)
+    return keys, [range(k, k + 1) for k in keys]
+
+
+def _trace_prompt(rng: random.Random, tag: int, lookahead: int) -> tuple[list[int], list[range]]:
+    """Engine keys (engine/block_keys.py) of a prompt over chained trace ids of 64 tokens, 16-token
+    blocks, a partial last trace block, and sometimes blocks past the prompt (keys unique to it)."""
+    ids, node = [], 0
+    for _ in range(rng.randint(1, 4)):
+        node = node * 3 + rng.randint(1, 3)
+        ids.append(node)
+    tokens = rng.randint((len(ids) - 1) * 64 + 1, len(ids) * 64)
+    keys = BlockKeys(ids, 0, len(ids), 64, 16, tokens, unique_tag=tag, lookahead=lookahead)
+    n = rng.randint(1, (tokens + 40) // 16)
+    runs = keys.key_runs(0, n, 16)
+    return [k for r in runs for k in r], runs
+
+
+@pytest.mark.parametrize("style", ["tree", "trace"])
 @pytest.mark.parametrize("seed", range(20))
-def test_anonymous_runs_match_per_block_pool(seed):
+def test_anonymous_runs_match_per_block_pool(seed, style):
     rng = random.Random(seed)
     n = rng.choice([12, 30, 64])
     pools = [BlockPool(n), PerBlockPool(n)]
+    lookahead = seed % 3 == 1
     for pool in pools:  # [0.33] uncached blocks to the head; [0.11] (odd seeds) to the tail
         pool.uncached_first = seed % 2 == 0
     active: list[list[_Table]] = []
-    for _ in range(400):
+    for step in range(400):
         if active and (rng.random() < 0.45 or pools[0].num_free < 3):
             pair = active.pop(rng.randrange(len(active)))
             for pool, t in zip(pools, pair):
@@ -51,12 +77,13 @@ def test_anonymous_runs_match_per_block_pool(seed):
                 keys = t.keys[:t.registered][::-1]
                 pool.free_blocks(blocks, keys, len(t.blocks) - t.full, t.full - t.registered)
         else:
-            # A prompt over a small tree of keys: chained prefixes are shared between requests.
-            keys, node = [], 0
-            for _ in range(rng.randint(1, 8)):
-                node = node * 4 + rng.randint(1, 4)
-                keys.append(node)
-            hits = [_hits(pool, keys) for pool in pools]
+            if style == "tree":
+                keys, runs = _tree_prompt(rng, step)
+            else:
+                keys, runs = _trace_prompt(rng, step, lookahead)
+            # The table walk finds what a per-key walk of the same pool finds, block for block.
+            assert pools[0].cached_prefix(runs) == _hits(pools[0], keys)
+            hits = [pool.cached_prefix(runs) for pool in pools]
             assert len(hits[0]) == len(hits[1])
             if rng.random() < 0.3:  # looked up before another request registered the prefix: copies
                 cut = rng.randint(0, len(hits[0]))
@@ -83,7 +110,8 @@ def test_anonymous_runs_match_per_block_pool(seed):
         a, b = pools
         assert a.num_free == b.num_free
         assert a.num_evictions == b.num_evictions
-        assert a.cached.keys() == b.cached.keys()
+        assert dict(a.cached_items()).keys() == dict(b.cached_items()).keys()
+        assert a.num_cached_keys() == b.num_cached_keys()
         assert {k: len(v) for k, v in a.dups.items()} == {k: len(v) for k, v in b.dups.items()}
         holders: dict[int, int] = {}
         in_use: dict[int, int | None] = {}
@@ -106,3 +134,25 @@ def test_a_never_shared_prompt_is_two_queue_entries():
     pool.get_new_blocks(9_000)
     assert pool.num_evictions == 9_000 - 2_501  # private blocks count as evicted, uncached ones not
     assert pool.num_free == 1_000
+
+
+@pytest.mark.parametrize("pool_class", [BlockPool, PerBlockPool])
+def test_a_prefix_walk_stops_at_an_evicted_block_inside_a_trace_block(pool_class):
+    """Four blocks of one 64-token trace block, freed so that the second is evicted first: the walk
+    finds the first block only, though the third and fourth are still cached."""
+    pool = pool_class(6, 16)  # 5 usable blocks
+    keys = BlockKeys([7], 0, 1, 64, 16, 64, unique_tag=1)
+    run = keys.key_runs(0, 4, 16)
+    assert len(run) == 1 and len(run[0]) == 4
+    blocks = pool.get_new_blocks(4)
+    pool.cache_full_blocks(blocks, list(run[0]))
+    assert pool.cached_prefix(run) == blocks
+    b1, b2, b3, b4 = blocks
+    pool.free_blocks([b2, b4, b3, b1], [run[0][1], run[0][3], run[0][2], run[0][0]], 0, 0)
+    pool.get_new_blocks(2)  # the never-used block, then b2 (evicted)
+    assert pool.num_evictions == 1
+    assert pool.cached_prefix(run) == [b1]
+    assert [pool.cached_get(k) for k in run[0]] == [b1, None, b3, b4]
+    assert pool.num_cached_keys() == 3
+    pool.get_new_blocks(3)  # b4, b3, b1
+    assert pool.cached_prefix(run) == [] and pool.num_cached_keys() == 0

@@ -31,7 +31,7 @@ def _fresh_walk(kv: KVCacheManager, req: Request) -> list[int]:
     limit = (req.num_tokens - 1) // BS
     hits = []
     for key in req.keys.keys_upto(limit)[:limit]:
-        b = kv.pool.cached.get(key)
+        b = kv.pool.cached_get(key)
         if b is None:
             break
         hits.append(b)

@@ -22,6 +22,9 @@ class StubPool:
     def get_num_free_blocks(self) -> int:
         return self._free
 
+    def is_cached(self, key: int) -> bool:
+        return key in self.cached
+
 
 class StubReplica:
     """What routers read from an EngineCore."""

@@ -96,8 +96,7 @@ class KvAwareRouter(Router):
 
     def _overlap(self, w: int, replicas, keys: list[int], now_ms: float) -> int:
         if self.kv_events:
-            cached = replicas[w].kv_pool.cached
-            return sum(1 for _ in takewhile(cached.__contains__, keys))
+            return sum(1 for _ in takewhile(replicas[w].kv_pool.is_cached, keys))
         index = self.approx[w]
         index.prune(now_ms)
         return sum(1 for _ in takewhile(index.expiry.__contains__, keys))

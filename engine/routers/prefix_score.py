@@ -54,7 +54,7 @@ class PrefixScoreRouter(Router):
 
     def _holders(self, replicas, key: int) -> list[int]:
         if self.precise:
-            return [w for w in range(self.n) if key in replicas[w].kv_pool.cached]
+            return [w for w in range(self.n) if replicas[w].kv_pool.is_cached(key)]
         return [w for w in range(self.n) if key in self.lru[w]]
 
     def route(self, req: Request, replicas, now_ms: float) -> int:
