@@ -141,7 +141,7 @@ def pairwise_sum(read: Reader, n: int, transform: Callable[[np.ndarray], np.ndar
     values read and summed at once."""
 
     def node(lo: int, m: int) -> float:
-        if m <= UNIT:
+        if m <= max(UNIT, PW_BLOCKSIZE):  # numpy splits only above PW_BLOCKSIZE
             v = read(lo, m)
             return _pairwise(v if transform is None else transform(v))
         half = _split(m)
