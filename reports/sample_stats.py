@@ -190,6 +190,17 @@ def median_and_p99(read: Reader, n: int, has_nan: bool) -> tuple[float, float]:
     return median, p99
 
 
+def sample_stats(read: Reader, n: int, has_nan: bool) -> dict[str, float]:
+    """mean, median, std and p99 of the n values (all 0.0 for an empty sample, as the export writes
+    them); ``has_nan``: any value is NaN."""
+    if not n:
+        return {"mean": 0.0, "median": 0.0, "std": 0.0, "p99": 0.0}
+    mu = mean(read, n)
+    sd = std(read, n, mu)
+    median, p99 = median_and_p99(read, n, has_nan)
+    return {"mean": mu, "median": median, "std": sd, "p99": p99}
+
+
 class SampleSpill:
     """Float64 samples appended to an anonymous temp file (gone when closed), and their statistics
     as numpy computes them over the whole array, read back in passes."""
@@ -215,29 +226,15 @@ class SampleSpill:
         return out
 
     def stats(self) -> dict[str, float]:
-        """mean, median, std and p99 (all 0.0 for an empty sample, as the export writes them)."""
-        if not self.n:
-            return {"mean": 0.0, "median": 0.0, "std": 0.0, "p99": 0.0}
+        """``sample_stats`` of the values added so far."""
         self._file.flush()
-        mu = mean(self.read, self.n)
-        sd = std(self.read, self.n, mu)
-        median, p99 = median_and_p99(self.read, self.n, self._has_nan)
-        return {"mean": mu, "median": median, "std": sd, "p99": p99}
+        return sample_stats(self.read, self.n, self._has_nan)
 
     def close(self) -> None:
         self._file.close()
 
 
 def stats_of(values: np.ndarray) -> dict[str, float]:
-    """The same statistics of an array in memory (tests; small samples)."""
+    """``sample_stats`` of an array in memory."""
     a = np.ascontiguousarray(values, dtype=np.float64)
-    n = len(a)
-    if not n:
-        return {"mean": 0.0, "median": 0.0, "std": 0.0, "p99": 0.0}
-
-    def read(lo: int, m: int) -> np.ndarray:
-        return a[lo:lo + m]
-
-    mu = mean(read, n)
-    median, p99 = median_and_p99(read, n, bool(np.isnan(a).any()))
-    return {"mean": mu, "median": median, "std": std(read, n, mu), "p99": p99}
+    return sample_stats(lambda lo, m: a[lo:lo + m], len(a), bool(np.isnan(a).any()))
