@@ -40,6 +40,10 @@ FORMATS = ("vllm-bench", "aiperf")
 # Requests per batch streamed from the export query: JSON text, Python objects and the per-request
 # lists exist for one batch at a time (issue 16: the whole run as Python dicts and lists).
 EXPORT_BATCH_ROWS = 65_536
+# Chunk rows per batch at most (unless one request has more): the ITL gaps of a batch become Python
+# floats and JSON text, about 100 bytes each, so a batch of 65,536 requests with 200 chunks each
+# took a 1 M-request export past 2 GB (bench/README.md, issue 16).
+EXPORT_BATCH_CHUNKS = 1 << 21
 
 
 @contextlib.contextmanager
@@ -64,24 +68,31 @@ EXPORT_DUCKDB_MB = 384
 
 
 def _with_itl(requests: pa.Table, chunks: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
-    """Request batches of EXPORT_BATCH_ROWS with the ``itl_ms`` list of each request: the chunk stream
-    is sorted by (request position, time), so each batch takes the chunk rows of its positions.
-    Gaps are the same float subtraction as ``time_ms - lag(time_ms)``; a request without chunks
-    gets an empty list."""
+    """Request batches with the ``itl_ms`` list of each request: the chunk stream is sorted by
+    (request position, time), so each batch takes the chunk rows of its positions. A batch has at
+    most EXPORT_BATCH_ROWS requests and, unless its first request alone has more, at most
+    EXPORT_BATCH_CHUNKS chunk rows. Gaps are the same float subtraction as ``time_ms - lag(time_ms)``;
+    a request without chunks gets an empty list."""
     pos = np.zeros(0, dtype=np.int64)
     times = np.zeros(0, dtype=np.float64)
     stream = iter(chunks)
     done = False
     lo = 0
-    for batch in requests.to_batches(EXPORT_BATCH_ROWS):
-        hi = lo + batch.num_rows
-        while not done and (not len(pos) or pos[-1] < hi):
+    while lo < requests.num_rows:
+        hi = min(lo + EXPORT_BATCH_ROWS, requests.num_rows)
+        # Read until every chunk row of [lo, hi) is in, or more than EXPORT_BATCH_CHUNKS rows are,
+        # those of request lo among them.
+        while not done and (not len(pos) or pos[-1] < hi) and (len(pos) <= EXPORT_BATCH_CHUNKS or pos[-1] <= lo):
             nxt = next(stream, None)
             if nxt is None:
                 done = True
                 break
             pos = np.concatenate([pos, nxt.column("pos").to_numpy().astype(np.int64)])
             times = np.concatenate([times, nxt.column("time_ms").to_numpy()])
+        if len(pos) > EXPORT_BATCH_CHUNKS:  # the requests whose rows are all among the first EXPORT_BATCH_CHUNKS
+            hi = min(hi, max(lo + 1, int(pos[EXPORT_BATCH_CHUNKS])))
+        part = requests.slice(lo, hi - lo)
+        batch = pa.RecordBatch.from_arrays([col.combine_chunks() for col in part.columns], names=part.schema.names)
         cut = int(np.searchsorted(pos, hi))
         p, t = pos[:cut], times[:cut]
         pos, times = pos[cut:], times[cut:]
