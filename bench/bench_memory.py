@@ -1,6 +1,6 @@
 """Peak memory of every command at scale (issue 16): each command in its own process, against 2 GB.
 
-    python bench/bench_memory.py --work /tmp/bench-memory            # every case (about 32 min, 7 GB of disk)
+    python bench/bench_memory.py --work /tmp/bench-memory            # every case (about 50 min, 9 GB of disk)
     python bench/bench_memory.py --work /tmp/bench-memory --reuse --only report --only inspect-ids
 
 Target: peak RSS under 2 GB (2,048 MB) at 1 M requests / 10 M trace rows. Peak is ``ru_maxrss`` of
