@@ -1,6 +1,6 @@
 """Peak memory of every command at scale (issue 16): each command in its own process, against 2 GB.
 
-    python bench/bench_memory.py --work /tmp/bench-memory            # every case (about 32 min, 7 GB of disk)
+    python bench/bench_memory.py --work /tmp/bench-memory            # every case (about 50 min, 9 GB of disk)
     python bench/bench_memory.py --work /tmp/bench-memory --reuse --only report --only inspect-ids
 
 Target: peak RSS under 2 GB (2,048 MB) at 1 M requests / 10 M trace rows. Peak is ``ru_maxrss`` of
@@ -13,6 +13,8 @@ Fixtures, under --work (kept, and reused with --reuse; delete the directory when
 * ``reports/``: a 1 M-request trace and two replay outputs of it built without the engine
   (tests/reports_fixtures.py, as bench/bench_reports.py: about 19 M chunk rows), and a denser output of
   a second 1 M-request trace at 278 requests/s (about 51 M chunk rows, 50 M pooled ITL samples);
+* ``reports-dense4/``: that dense output with every chunk row repeated four times (+0, 0.25, 0.5,
+  0.75 ms): 204 M chunk rows, about 200 per request, the scale of a real 1 M-request replay (219.7 M);
 * ``trace10m.parquet``: a 10 M-row canonical trace with hash ids (tests/reports_fixtures.py, about 8
   hash ids a row);
 * ``azure10m.csv`` and ``azure10m_ooo.csv``: the 10 M-row Azure-style CSV of bench/bench_ingest.py, and
@@ -71,7 +73,8 @@ CASES = {
     **{f"export-{short}{suffix}": (fixture, f"replay export --format {fmt}, 1 M requests, {chunks} chunk rows",
                                    _export(fixture, fmt, f"export{suffix}.{ext}"))
        for short, fmt, ext in (("vllm", "vllm-bench", "json"), ("aiperf", "aiperf", "jsonl"))
-       for fixture, suffix, chunks in (("reports", "", "19 M"), ("reports-dense", "-dense", "51 M"))},
+       for fixture, suffix, chunks in (("reports", "", "19 M"), ("reports-dense", "-dense", "51 M"),
+                                       ("reports-dense4", "-dense4", "204 M"))},
     "run-quiet": ("synth1m", "replay run -q, 1 M requests",
                   lambda w: _cli("run", str(w / "synth1m.parquet"), "-c", str(RUN_CONFIG), "-o",
                                  str(w / "out" / "run-q"), "-q")),
@@ -94,6 +97,25 @@ def _child(kind: str, work: Path) -> None:
         if kind == "reports":
             write_run(root / "b", trace, RunSpec(seed=2, latency_scale=1.3,
                                                  config_overrides=(("scheduler.max_num_seqs", 256),)))
+    elif kind == "reports-dense4":
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        if not _built("reports-dense", work):
+            _child("reports-dense", work)
+        src, dst = work / "reports-dense" / "a", work / "reports-dense4" / "a"
+        dst.mkdir(parents=True, exist_ok=True)
+        for name in ("requests.parquet", "steps.parquet", "run.json"):
+            shutil.copyfile(src / name, dst / name)
+        chunks = pq.ParquetFile(src / "chunks.parquet")
+        col = chunks.schema_arrow.get_field_index("time_ms")
+        tmp = dst / "chunks.parquet.part"  # renamed when complete: chunks.parquet marks the fixture built
+        with pq.ParquetWriter(tmp, chunks.schema_arrow) as writer:
+            for i in range(chunks.metadata.num_row_groups):
+                group = chunks.read_row_group(i)
+                for k in range(4):
+                    writer.write_table(group.set_column(col, "time_ms", pc.add(group.column(col), 0.25 * k)))
+        tmp.rename(dst / "chunks.parquet")
     elif kind == "trace10m":
         from tests.reports_fixtures import TraceSpec, write_trace
 
@@ -117,6 +139,7 @@ def _child(kind: str, work: Path) -> None:
 
 def _built(kind: str, work: Path) -> bool:
     marker = {"reports": work / "reports" / "b" / "run.json", "reports-dense": work / "reports-dense" / "a" / "run.json",
+              "reports-dense4": work / "reports-dense4" / "a" / "chunks.parquet",
               "trace10m": work / "trace10m.parquet", "azure10m": work / "azure10m_ooo.csv",
               "synth1m": work / "synth1m.parquet"}[kind]
     return marker.exists()

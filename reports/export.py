@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from replay.atomic import atomic_path, check_output_file
 from replay.duckdb_conn import connect
 from replay.errors import ReplayError
+from reports.sample_stats import SampleSpill
 from reports.sqlfiles import sql
 from reports.views import open_run
 
@@ -39,6 +40,10 @@ FORMATS = ("vllm-bench", "aiperf")
 # Requests per batch streamed from the export query: JSON text, Python objects and the per-request
 # lists exist for one batch at a time (issue 16: the whole run as Python dicts and lists).
 EXPORT_BATCH_ROWS = 65_536
+# Chunk rows per batch at most (unless one request has more): the ITL gaps of a batch become Python
+# floats and JSON text, about 100 bytes each, so a batch of 65,536 requests with 200 chunks each
+# took a 1 M-request export past 2 GB (bench/README.md, issue 16).
+EXPORT_BATCH_CHUNKS = 1 << 21
 
 
 @contextlib.contextmanager
@@ -56,31 +61,38 @@ def _batches(outdir: Path) -> Iterator[tuple[Iterator[pa.RecordBatch], dict[str,
 
 # Chunk rows per batch of the sorted chunk stream.
 CHUNK_BATCH_ROWS = 1 << 20
-# DuckDB's budget here (it spills the chunk sort past it): the ITL samples the statistics need are
-# held in numpy beside it (8 bytes each: 408 MB for 51 M chunks), so the report default of 1 GB
-# would take a dense 1 M-request export past 2 GB (issue 16; bench/README.md).
+# DuckDB's budget here (it spills the chunk sort past it): the report default of 1 GB took a dense
+# 1 M-request export past 2 GB when the ITL samples were held in numpy beside it (issue 16;
+# bench/README.md); they now go to a spill file (reports/sample_stats.py).
 EXPORT_DUCKDB_MB = 384
 
 
 def _with_itl(requests: pa.Table, chunks: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
-    """Request batches of EXPORT_BATCH_ROWS with the ``itl_ms`` list of each request: the chunk stream
-    is sorted by (request position, time), so each batch takes the chunk rows of its positions.
-    Gaps are the same float subtraction as ``time_ms - lag(time_ms)``; a request without chunks
-    gets an empty list."""
+    """Request batches with the ``itl_ms`` list of each request: the chunk stream is sorted by
+    (request position, time), so each batch takes the chunk rows of its positions. A batch has at
+    most EXPORT_BATCH_ROWS requests and, unless its first request alone has more, at most
+    EXPORT_BATCH_CHUNKS chunk rows. Gaps are the same float subtraction as ``time_ms - lag(time_ms)``;
+    a request without chunks gets an empty list."""
     pos = np.zeros(0, dtype=np.int64)
     times = np.zeros(0, dtype=np.float64)
     stream = iter(chunks)
     done = False
     lo = 0
-    for batch in requests.to_batches(EXPORT_BATCH_ROWS):
-        hi = lo + batch.num_rows
-        while not done and (not len(pos) or pos[-1] < hi):
+    while lo < requests.num_rows:
+        hi = min(lo + EXPORT_BATCH_ROWS, requests.num_rows)
+        # Read until every chunk row of [lo, hi) is in, or more than EXPORT_BATCH_CHUNKS rows are,
+        # those of request lo among them.
+        while not done and (not len(pos) or pos[-1] < hi) and (len(pos) <= EXPORT_BATCH_CHUNKS or pos[-1] <= lo):
             nxt = next(stream, None)
             if nxt is None:
                 done = True
                 break
             pos = np.concatenate([pos, nxt.column("pos").to_numpy().astype(np.int64)])
             times = np.concatenate([times, nxt.column("time_ms").to_numpy()])
+        if len(pos) > EXPORT_BATCH_CHUNKS:  # the requests whose rows are all among the first EXPORT_BATCH_CHUNKS
+            hi = min(hi, max(lo + 1, int(pos[EXPORT_BATCH_CHUNKS])))
+        part = requests.slice(lo, hi - lo)
+        batch = pa.RecordBatch.from_arrays([col.combine_chunks() for col in part.columns], names=part.schema.names)
         cut = int(np.searchsorted(pos, hi))
         p, t = pos[:cut], times[:cut]
         pos, times = pos[cut:], times[cut:]
@@ -92,14 +104,6 @@ def _with_itl(requests: pa.Table, chunks: pa.RecordBatchReader) -> Iterator[pa.R
         itl = pa.ListArray.from_arrays(pa.array(offsets), pa.array(gaps, type=pa.float64()))
         yield pa.RecordBatch.from_arrays([*batch.columns, itl], names=[*batch.schema.names, "itl_ms"])
         lo = hi
-
-
-def _stats(values: np.ndarray) -> dict[str, float]:
-    if not len(values):
-        return {"mean": 0.0, "median": 0.0, "std": 0.0, "p99": 0.0}
-    a = np.asarray(values, dtype=np.float64)
-    return {"mean": float(a.mean()), "median": float(np.median(a)), "std": float(a.std()),
-            "p99": float(np.percentile(a, 99))}
 
 
 def _load_settings(info: dict[str, Any]) -> tuple[Any, Any]:
@@ -141,7 +145,17 @@ def _numpy(batch: pa.RecordBatch, name: str) -> np.ndarray:
 def vllm_bench(outdir: Path, out: TextIO) -> None:
     """The replay as a ``vllm bench serve --save-detailed`` result (one JSON object), written to ``out``."""
     lists = {key: _JsonList() for key in _VLLM_LISTS}
-    samples: dict[str, list[np.ndarray]] = {"ttft": [], "tpot": [], "itl": [], "e2el": []}
+    # The pooled samples of the statistics go to temp files, read back in passes (issue 16: 220 M ITL
+    # gaps of a 1 M-request replay are 1.76 GB as doubles); same numbers as numpy over the whole arrays.
+    samples = {key: SampleSpill() for key in ("ttft", "tpot", "itl", "e2el")}
+    try:
+        _vllm_bench(outdir, out, lists, samples)
+    finally:
+        for spill in samples.values():
+            spill.close()
+
+
+def _vllm_bench(outdir: Path, out: TextIO, lists: dict[str, _JsonList], samples: dict[str, SampleSpill]) -> None:
     n = completed = total_in = total_out = 0
     start: float | None = None
     end: float | None = None
@@ -178,10 +192,10 @@ def vllm_bench(outdir: Path, out: TextIO) -> None:
                                     for st, why in zip(status, reasons, strict=True)])
             lists["request_ids"].extend(batch.column("request_id").to_pylist())
             tpot = batch.column("tpot_ms").filter(pa.array(ok))
-            samples["ttft"].append(ttft[ok])
-            samples["tpot"].append(tpot.drop_null().to_numpy())
-            samples["itl"].append(done_itl.to_numpy())
-            samples["e2el"].append(e2e[ok])
+            samples["ttft"].add(ttft[ok])
+            samples["tpot"].add(tpot.drop_null().to_numpy())
+            samples["itl"].add(done_itl.to_numpy())
+            samples["e2el"].add(e2e[ok])
     start = 0.0 if start is None else start
     end = start if end is None else end
     duration = max((end - start) / 1000.0, 1e-9)
@@ -198,8 +212,8 @@ def vllm_bench(outdir: Path, out: TextIO) -> None:
         "output_throughput": total_out / duration, "total_token_throughput": (total_in + total_out) / duration,
     }
     tail: dict[str, Any] = {}
-    for key, chunks in samples.items():
-        st = _stats(np.concatenate(chunks) if chunks else np.empty(0))
+    for key, spill in samples.items():
+        st = spill.stats()
         tail.update({f"mean_{key}_ms": st["mean"], f"median_{key}_ms": st["median"], f"std_{key}_ms": st["std"],
                      f"p99_{key}_ms": st["p99"]})
     # json.dumps of the whole object, piece by piece: same separators, same key order, same bytes.

@@ -84,3 +84,27 @@ def test_export_streams_in_batches_to_the_same_bytes(small_run: Path, tmp_path: 
         assert doc["mean_itl_ms"] == pytest.approx(sum(itl) / len(itl))
         assert doc["duration"] == pytest.approx(max(doc["latencies"][i] + doc["start_times"][i] for i in ok)
                                                 - min(doc["start_times"]))
+
+
+@pytest.mark.parametrize("fmt", ["vllm-bench", "aiperf"])
+@pytest.mark.parametrize("max_chunks", [1, 40, 1000])
+def test_batches_bounded_by_chunk_rows_give_the_same_bytes(small_run: Path, tmp_path: Path, monkeypatch, fmt,
+                                                           max_chunks) -> None:
+    # A batch also stops at EXPORT_BATCH_CHUNKS chunk rows (requests with many chunks: bounded Python
+    # lists and JSON text); 1: every request alone, even one with more chunks than the bound.
+    import reports.export as ex
+
+    whole = export(small_run, fmt, tmp_path / "whole").read_bytes()
+    sizes: list[tuple[int, int]] = []  # (requests, ITL gaps) per batch
+    real = ex._with_itl
+
+    def spy(requests, chunks):
+        for batch in real(requests, chunks):
+            sizes.append((batch.num_rows, len(batch.column("itl_ms").flatten())))
+            yield batch
+
+    monkeypatch.setattr(ex, "EXPORT_BATCH_CHUNKS", max_chunks)
+    monkeypatch.setattr(ex, "_with_itl", spy)
+    assert export(small_run, fmt, tmp_path / "bounded").read_bytes() == whole
+    assert sum(n for n, _ in sizes) == 120 and len(sizes) > 1
+    assert all(gaps < max_chunks or n == 1 for n, gaps in sizes)  # gaps are chunk rows less one a request
