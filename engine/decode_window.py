@@ -228,19 +228,16 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     waiting = len(sched.waiting)
     starts = times[:s]
     ends = times[1:s + 1]
-    free_col = _runs_to_array(free_changes, s)
-    kv_used = usable - free_col
-    kv_usage = 1.0 - free_col / usable
     if offload is not None:
         stored_col = np.zeros(s, dtype=np.int64)
         for step, stored in stored_at:
             stored_col[step] = stored
         cpu_used_col = _runs_to_array(cpu_changes, s)
         cpu_usage_col = cpu_used_col / offload.num_cpu_blocks
-        rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, kv_usage, kv_used,
+        rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, free_changes, usable,
                                  stored_col, cpu_used_col, cpu_usage_col, replica=replica)
     else:
-        rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, kv_usage, kv_used,
+        rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, free_changes, usable,
                                  replica=replica, last_running=num_running_after)
     rec.emit_decode_chunks([r.idx for r in running], ends)
     return times[s], s

@@ -126,11 +126,12 @@ class Recorder:
             self._flush_steps()
 
     def record_decode_window(self, first_step: int, starts: list[float], durations: list[float],
-                             num_running: int, num_waiting: int, kv_usage: np.ndarray, kv_used: np.ndarray,
+                             num_running: int, num_waiting: int, free_changes: list[tuple[int, int]], usable: int,
                              bytes_stored: np.ndarray | None = None, cpu_blocks_used: np.ndarray | None = None,
                              cpu_usage: np.ndarray | None = None, replica: int = 0,
                              last_running: int | None = None) -> None:
         """Rows for a run of decode-only steps (engine/decode_window.py), column by column.
+        ``free_changes``: (first step, free GPU blocks) where the free count changed, from step 0;
         ``last_running``: requests still running after the last step (it finished the others)."""
         n = len(starts)
         c = self._step_cols
@@ -147,8 +148,16 @@ class Recorder:
             c[j].frombytes(bytes(n * self._step_sizes[j]))
         if last_running is not None:
             c[7][-1] = last_running
-        c[10].frombytes(kv_usage.astype(dt[10]).tobytes())
-        c[11].frombytes(kv_used.astype(dt[11]).tobytes())
+        # KV usage and blocks used, one repeated value per run of steps with the same free count; the
+        # usage is the same double as record_step's (1.0 - free / usable), rounded to the column's type.
+        last = len(free_changes) - 1
+        for i, (step, free) in enumerate(free_changes):
+            end = free_changes[i + 1][0] if i < last else n
+            if end > n:
+                end = n
+            if end > step:
+                c[10].extend(array(codes[10], (1.0 - free / usable,)) * (end - step))
+                c[11].extend(array(codes[11], (usable - free,)) * (end - step))
         for j, col in ((14, bytes_stored), (16, cpu_blocks_used), (17, cpu_usage)):
             if col is None:
                 c[j].frombytes(bytes(n * self._step_sizes[j]))
