@@ -37,7 +37,7 @@ decisions: the per-block reference (tests/reference_block_pool.py) keeps one dic
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from typing import cast
 from itertools import repeat
 
 from engine.block_keys import _ID_STRIDE
@@ -62,7 +62,10 @@ class BlockPool:
         if num_gpu_blocks < 2:
             raise ValueError("num_gpu_blocks must be at least 2 (block 0 is the null block)")
         self.num_gpu_blocks = num_gpu_blocks
-        self.extra_refs: dict[int, int] = {}  # block -> references beyond the first
+        # Keyed by the block's int object as the caller's list holds it (dict[object, ...] and loops
+        # over list[object]): compiled code would otherwise unbox each id and box it again, a new
+        # int object per dict operation that the dict must then compare by value.
+        self.extra_refs: dict[object, int] = {}  # block -> references beyond the first
         self.block_size = block_size
         # The prefix-cache map, key -> first cached copy (see the module doc): trace-named keys in
         # per-trace-block tables [filled, slot 0, slot 1, ...] (0: empty; block 0 is never handed
@@ -72,7 +75,7 @@ class BlockPool:
         self.dups: dict[int, list[int]] = {}  # key -> further copies (rare)
         # run id -> [count, evicts] (anonymous) or [blocks, keys, next, stale] (registered)
         self.free_queue: OrderedDict[int, list] = OrderedDict({0: [num_gpu_blocks - 1, False]})
-        self.where: dict[int, int] = {}  # free registered block -> its run id
+        self.where: dict[object, int] = {}  # free registered block -> its run id
         self.num_free = num_gpu_blocks - 1
         self.num_evictions = 0
         self._next_id = 1
@@ -382,13 +385,14 @@ class BlockPool:
             if not copies:
                 del self.dups[key]
 
-    def touch(self, blocks: Iterable[int]) -> None:
+    def touch(self, blocks: list[int]) -> None:
         """Take a reference on prefix-cache hits, taking free ones out of the free queue."""
         where = self.where
         fq = self.free_queue
         extra = self.extra_refs
         self.free_version += 1
-        for b in blocks:
+        b: object
+        for b in cast("list[object]", blocks):
             rid = where.pop(b, None)
             if rid is not None:
                 fq[rid][3] += 1
@@ -450,9 +454,11 @@ class BlockPool:
         if extra:
             # Blocks other holders still reference lose one reference and stay in use; the rest
             # are freed, in order. (Plain loops: compiled, each is a direct dict operation.)
-            freed: list[int] = []
-            freed_keys: list[int] = []
-            for b, key in zip(blocks, keys):
+            freed: list[object] = []
+            freed_keys: list[object] = []
+            b: object
+            key: object
+            for b, key in zip(cast("list[object]", blocks), cast("list[object]", keys)):
                 c = extra.get(b, 0)
                 if c == 0:
                     freed.append(b)
@@ -463,7 +469,7 @@ class BlockPool:
                     extra[b] = c - 1
             if not freed:
                 return
-            blocks, keys = freed, freed_keys
+            blocks, keys = cast("list[int]", freed), cast("list[int]", freed_keys)
         rid = self._next_run
         self._next_run += 1
         self.free_queue[rid] = [blocks, keys, 0, 0]
@@ -504,8 +510,8 @@ class BlockPool:
             _require(b not in self.where, f"block {b} is held and free")
             _require(held == 1 + self.extra_refs.get(b, 0), (
                 f"block {b}: held {held} times, ref_cnt {1 + self.extra_refs.get(b, 0)}"))
-        for b in self.extra_refs:
-            _require(b in holders, f"block {b}: extra refs on a block nobody holds")
+        for extra_b in self.extra_refs:
+            _require(extra_b in holders, f"block {extra_b}: extra refs on a block nobody holds")
 
         def key_of(b: int) -> int | None:
             return free_keys[b] if b in free_keys else in_use_keys.get(b)
