@@ -169,18 +169,26 @@ class BlockPool:
         tid, i = self._slot(key)
         table = self.groups[tid]
         table[i] = 0
-        left = table[0] - 1
+        self._emptied(tid, table, 1)
+
+    def _emptied(self, tid: int, table: list[int], m: int) -> None:
+        """``m`` slots of ``table`` were just emptied: drop the table once it is empty, else its
+        trailing empty slots (eviction takes a prefix's tail first)."""
+        left = table[0] - m
         if left == 0:
             del self.groups[tid]
             return
         table[0] = left
-        while not table[-1]:  # trailing empty slots (eviction takes a prefix's tail first)
+        while not table[-1]:
             table.pop()
 
     def _span(self, keys: list[int], j: int, step: int) -> int:
         """End of the run of ``keys`` from ``j`` that steps by ``step`` (+-block size) inside one
-        table: consecutive slots, so one slice assignment maps or unmaps them all."""
+        table: consecutive slots, so one slice assignment maps or unmaps them all. A unique key
+        (negative, kept in a dict) is a run of its own."""
         key = keys[j]
+        if key < 0:
+            return j + 1
         off = key - (key // _ID_STRIDE) * _ID_STRIDE
         # slots left in this table in the run's direction (offsets stay in [0, _ID_STRIDE))
         room = (off // -step if step < 0 else (_ID_STRIDE - 1 - off) // step) + 1
@@ -195,43 +203,30 @@ class BlockPool:
 
     def _drop_all(self, keys: list[int]) -> None:
         """Unmap mapped ``keys`` (eviction order: a trace block's blocks usually last first)."""
-        bs = self.block_size
-        groups = self.groups
-        n = len(keys)
+        step = -self.block_size
         j = 0
-        while j < n:
-            key = keys[j]
-            k = self._span(keys, j, -bs) if key >= 0 else j + 1
-            if k - j < 4:
+        while j < len(keys):
+            k = self._span(keys, j, step)
+            m = k - j
+            if m < 4:
                 for key in keys[j:k]:
                     self._drop(key)
-                j = k
-                continue
-            tid, top = self._slot(key)
-            m = k - j
-            table = groups[tid]
-            table[top - m + 1:top + 1] = [0] * m
-            left = table[0] - m
-            if left == 0:
-                del groups[tid]
             else:
-                table[0] = left
-                while not table[-1]:
-                    table.pop()
+                tid, top = self._slot(keys[j])
+                table = self.groups[tid]
+                table[top - m + 1:top + 1] = [0] * m
+                self._emptied(tid, table, m)
             j = k
 
     def _put_all(self, blocks: list[int], keys: list[int]) -> None:
         """Map ``keys`` (prefix order) to ``blocks``; keys mapped already get a further copy."""
-        bs = self.block_size
         groups = self.groups
-        n = len(keys)
         j = 0
-        while j < n:
-            key = keys[j]
-            k = self._span(keys, j, bs) if key >= 0 else j + 1
+        while j < len(keys):
+            k = self._span(keys, j, self.block_size)
             m = k - j
             if m >= 4:
-                tid, i = self._slot(key)
+                tid, i = self._slot(keys[j])
                 table = groups.get(tid)
                 if table is None:
                     table = [0] * (i + m)
