@@ -37,8 +37,8 @@ decisions: the per-block reference (tests/reference_block_pool.py) keeps one dic
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import cast
 from itertools import repeat
+from typing import cast
 
 from engine.block_keys import _ID_STRIDE
 

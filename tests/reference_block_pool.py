@@ -12,7 +12,6 @@ from collections.abc import Iterable
 from itertools import repeat
 from operator import itemgetter
 
-
 _first = itemgetter(0)
 _second = itemgetter(1)
 

@@ -25,6 +25,14 @@ class StubPool:
     def is_cached(self, key: int) -> bool:
         return key in self.cached
 
+    def cached_prefix(self, runs: list[range]) -> list[int]:
+        out = []
+        for key in (k for r in runs for k in r):
+            if key not in self.cached:
+                break
+            out.append(self.cached[key])
+        return out
+
 
 class StubReplica:
     """What routers read from an EngineCore."""
@@ -122,7 +130,7 @@ def _costs(router, req, reps) -> list[float]:
     keys = router._prompt_keys(req)
     out = []
     for w in range(router.n):
-        overlap = router._overlap(w, reps, keys, 0.0)
+        overlap = router._overlap(w, reps, keys, req.keys.key_runs(0, len(keys), BS), 0.0)
         new = max(0, req.num_prompt_tokens - overlap * BS)
         shared = _leading_run(keys, router.active[w].__contains__)
         out.append(router.weight * (new + router.prefill_tokens[w]) / BS + len(keys) - shared + len(router.active[w]))
@@ -151,9 +159,9 @@ def test_kv_aware_approximate_mode_remembers_routed_blocks_for_the_ttl():
     r.request_finished(done, first)
     assert r.active[first] == {} and r.prefill_tokens[first] == 0
     keys = _keys([1, 2, 3, 4])
-    assert r._overlap(first, reps, keys, 500.0) == 4  # still remembered
+    assert r._overlap(first, reps, keys, [], 500.0) == 4  # still remembered
     assert r.route(_req(1, [1, 2, 3, 4]), reps, 500.0) == first
-    assert r._overlap(first, reps, keys, 1501.0) == 0  # renewed at 500, forgotten 1 s later
+    assert r._overlap(first, reps, keys, [], 1501.0) == 0  # renewed at 500, forgotten 1 s later
 
 
 def test_kv_aware_temperature_samples_but_prefers_cheap_replicas():

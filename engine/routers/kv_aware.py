@@ -94,9 +94,9 @@ class KvAwareRouter(Router):
         n_full = req.num_prompt_tokens // self.ctx.block_size
         return req.keys.keys_upto(n_full)[:n_full]
 
-    def _overlap(self, w: int, replicas, keys: list[int], now_ms: float) -> int:
-        if self.kv_events:
-            return sum(1 for _ in takewhile(replicas[w].kv_pool.is_cached, keys))
+    def _overlap(self, w: int, replicas, keys: list[int], runs: list[range], now_ms: float) -> int:
+        if self.kv_events:  # the replica's prefix cache itself, walked a trace block at a time
+            return len(replicas[w].kv_pool.cached_prefix(runs))
         index = self.approx[w]
         index.prune(now_ms)
         return sum(1 for _ in takewhile(index.expiry.__contains__, keys))
@@ -116,12 +116,13 @@ class KvAwareRouter(Router):
     def route(self, req: Request, replicas, now_ms: float) -> int:
         bs = self.ctx.block_size
         keys = self._prompt_keys(req)
+        runs = req.keys.key_runs(0, len(keys), bs) if self.kv_events else []
         isl = req.num_prompt_tokens
         costs: list[float] = []
         new_tokens: list[int] = []
         for w in range(self.n):
             self._settle_prefills(w)
-            overlap = self._overlap(w, replicas, keys, now_ms)
+            overlap = self._overlap(w, replicas, keys, runs, now_ms)
             new = isl - overlap * bs
             if new < 0:
                 new = 0
