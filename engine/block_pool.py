@@ -141,17 +141,22 @@ class BlockPool:
             unique[key] = b
             return True
         tid, i = self._slot(key)
-        table = self.groups.get(tid)
-        if table is None:
-            table = [0] * (i + 1)
-            self.groups[tid] = table
-        elif i >= len(table):
-            table.extend([0] * (i + 1 - len(table)))
-        elif table[i]:
+        table = self._table(tid, i + 1)
+        if table[i]:
             return False
         table[i] = b
         table[0] += 1
         return True
+
+    def _table(self, tid: int, length: int) -> list[int]:
+        """The table ``tid``, created or grown (empty slots) to at least ``length`` entries."""
+        table = self.groups.get(tid)
+        if table is None:
+            table = [0] * length
+            self.groups[tid] = table
+        elif len(table) < length:
+            table.extend([0] * (length - len(table)))
+        return table
 
     def _replace(self, key: int, b: int) -> None:
         """The first copy of a mapped ``key`` is now ``b``."""
@@ -220,19 +225,13 @@ class BlockPool:
 
     def _put_all(self, blocks: list[int], keys: list[int]) -> None:
         """Map ``keys`` (prefix order) to ``blocks``; keys mapped already get a further copy."""
-        groups = self.groups
         j = 0
         while j < len(keys):
             k = self._span(keys, j, self.block_size)
             m = k - j
             if m >= 4:
                 tid, i = self._slot(keys[j])
-                table = groups.get(tid)
-                if table is None:
-                    table = [0] * (i + m)
-                    groups[tid] = table
-                elif len(table) < i + m:
-                    table.extend([0] * (i + m - len(table)))
+                table = self._table(tid, i + m)
                 if table[i:i + m].count(0) == m:  # all free: one slice assignment
                     table[i:i + m] = blocks[j:k]
                     table[0] += m

@@ -232,10 +232,8 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
         stored_col = np.zeros(s, dtype=np.int64)
         for step, stored in stored_at:
             stored_col[step] = stored
-        cpu_used_col = _runs_to_array(cpu_changes, s)
-        cpu_usage_col = cpu_used_col / offload.num_cpu_blocks
         rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, free_changes, usable,
-                                 stored_col, cpu_used_col, cpu_usage_col, replica=replica)
+                                 stored_col, cpu_changes, offload.num_cpu_blocks, replica=replica)
     else:
         rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, free_changes, usable,
                                  replica=replica, last_running=num_running_after)
@@ -269,19 +267,3 @@ def _finishes_at(r: Request, max_model_len: int) -> int:
     remaining = r.max_tokens - r.num_output_tokens
     to_len = max_model_len - known
     return (to_len if to_len < remaining else remaining) - 1
-
-
-def _runs_to_array(changes: list[tuple[int, int]], n: int) -> np.ndarray:
-    """Per-step int64 column of ``n`` steps from (first step, value) change points."""
-    if len(changes) == 1:
-        return np.full(n, changes[0][1], dtype=np.int64)
-    values: list[int] = []
-    lengths: list[int] = []
-    for i, (step, value) in enumerate(changes):
-        end = changes[i + 1][0] if i + 1 < len(changes) else n
-        if end > n:
-            end = n
-        if end > step:
-            values.append(value)
-            lengths.append(end - step)
-    return np.repeat(np.array(values, dtype=np.int64), lengths)

@@ -7,6 +7,7 @@ finishes); chunks and steps stream into Parquet row groups so memory stays bound
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,18 @@ def _stream_opts(schema: pa.Schema) -> dict:
     thread's time for 15% smaller steps files (measured on 2 M steps and 4 M chunk rows of the
     32-replica replay: steps 0.78 -> 0.39 s, 33.0 -> 37.9 MB; chunks 0.39 -> 0.23 s, same size)."""
     return dict(_PARQUET_OPTS, use_dictionary=[f.name for f in schema if not pa.types.is_floating(f.type)])
+
+
+def _run_lengths(changes: list[tuple[int, int]], n: int) -> Iterator[tuple[int, int]]:
+    """(value, number of steps) of each run of ``n`` steps given as (first step, value) change points;
+    a change point at or past step n, or followed by another at the same step, covers no step."""
+    last = len(changes) - 1
+    for i, (step, value) in enumerate(changes):
+        end = changes[i + 1][0] if i < last else n
+        if end > n:
+            end = n
+        if end > step:
+            yield value, end - step
 
 
 class Recorder:
@@ -127,12 +140,13 @@ class Recorder:
 
     def record_decode_window(self, first_step: int, starts: list[float], durations: list[float],
                              num_running: int, num_waiting: int, free_changes: list[tuple[int, int]], usable: int,
-                             bytes_stored: np.ndarray | None = None, cpu_blocks_used: np.ndarray | None = None,
-                             cpu_usage: np.ndarray | None = None, replica: int = 0,
-                             last_running: int | None = None) -> None:
+                             bytes_stored: np.ndarray | None = None,
+                             cpu_changes: list[tuple[int, int]] | None = None, num_cpu_blocks: int = 0,
+                             replica: int = 0, last_running: int | None = None) -> None:
         """Rows for a run of decode-only steps (engine/decode_window.py), column by column.
-        ``free_changes``: (first step, free GPU blocks) where the free count changed, from step 0;
-        ``last_running``: requests still running after the last step (it finished the others)."""
+        ``free_changes`` / ``cpu_changes``: (first step, free GPU / used CPU blocks) where the count
+        changed, from step 0; ``last_running``: requests still running after the last step (it
+        finished the others)."""
         n = len(starts)
         c = self._step_cols
         dt = self._step_dtypes
@@ -150,19 +164,20 @@ class Recorder:
             c[7][-1] = last_running
         # KV usage and blocks used, one repeated value per run of steps with the same free count; the
         # usage is the same double as record_step's (1.0 - free / usable), rounded to the column's type.
-        last = len(free_changes) - 1
-        for i, (step, free) in enumerate(free_changes):
-            end = free_changes[i + 1][0] if i < last else n
-            if end > n:
-                end = n
-            if end > step:
-                c[10].extend(array(codes[10], (1.0 - free / usable,)) * (end - step))
-                c[11].extend(array(codes[11], (usable - free,)) * (end - step))
-        for j, col in ((14, bytes_stored), (16, cpu_blocks_used), (17, cpu_usage)):
-            if col is None:
+        for free, k in _run_lengths(free_changes, n):
+            c[10].extend(array(codes[10], (1.0 - free / usable,)) * k)
+            c[11].extend(array(codes[11], (usable - free,)) * k)
+        if bytes_stored is None:
+            c[14].frombytes(bytes(n * self._step_sizes[14]))
+        else:
+            c[14].frombytes(bytes_stored.astype(dt[14]).tobytes())
+        if cpu_changes is None:
+            for j in (16, 17):
                 c[j].frombytes(bytes(n * self._step_sizes[j]))
-            else:
-                c[j].frombytes(col.astype(dt[j]).tobytes())
+        else:  # as record_step: CPU blocks used and their share of the CPU pool
+            for used, k in _run_lengths(cpu_changes, n):
+                c[16].extend(array(codes[16], (used,)) * k)
+                c[17].extend(array(codes[17], (used / num_cpu_blocks,)) * k)
         if self.replica_column:
             c[18].extend(array(codes[18], (replica,)) * n)
         self.num_steps += n
