@@ -19,8 +19,10 @@ named by the prefix of (j + 1) * B + lookahead tokens.
 
 from __future__ import annotations
 
-_OFFSET_BITS = 24  # offsets inside a trace block (hash_block_size < 2**24 tokens)
-_UNIQUE_BITS = 40  # token positions inside one request (< 2**40 tokens)
+from typing import Final
+
+_OFFSET_BITS: Final = 24  # offsets inside a trace block (hash_block_size < 2**24 tokens)
+_UNIQUE_BITS: Final = 40  # token positions inside one request (< 2**40 tokens)
 # A key is id * _ID_STRIDE + offset (and -(tag * _TAG_STRIDE + t) - 1 for unique keys), not the bit
 # concatenation (id << 24) | offset: the same order and the same differences inside a group, but the
 # id also lands in the low bits. Python hashes an int to itself and a dict picks its first slot from
@@ -28,8 +30,9 @@ _UNIQUE_BITS = 40  # token positions inside one request (< 2**40 tokens)
 # keys only a few dozen distinct slots; every lookup then probes several times (measured: 58 -> 35 ns
 # per lookup on 55,000 cached keys; the prefix-cache map, the G2 store and the routers' indexes all
 # look keys up).
-_ID_STRIDE = (1 << _OFFSET_BITS) + 1
-_TAG_STRIDE = (1 << _UNIQUE_BITS) + 1
+# Final, and spelled out: compiled code then uses the constants inline, not as module globals.
+_ID_STRIDE: Final = (1 << 24) + 1  # (1 << _OFFSET_BITS) + 1
+_TAG_STRIDE: Final = (1 << 40) + 1  # (1 << _UNIQUE_BITS) + 1
 
 
 class BlockKeys:

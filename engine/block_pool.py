@@ -21,8 +21,15 @@ evicted. Same decisions, evictions and outputs as one entry per block (tests/ref
 compared call by call by tests/test_engine_block_pool.py and replay by replay, byte for byte, by
 tests/test_engine_real_traces.py); a freed prompt costs a few queue entries, not one per block.
 
-Reference counts are stored sparsely: a registered block is in use exactly when it is not in
-``where``, and ``extra_refs`` counts references beyond the first (prefix sharing).
+Reference counts. A block that is the first cached copy of a trace-named key (a slot of a
+trace-block table, below) has its reference count in ``refs``, a list aligned with its table: a hit
+on a popular prefix that other running requests hold is a list update per block, no dict operation,
+and hits and frees are handed the keys' runs (``touch``, ``num_free_among``, ``free_blocks``) so
+they find the slots without a lookup. Any other block (a key unique to a request, a further copy,
+a block not yet registered) is in use exactly when it is not in ``where``, with ``extra_refs``
+counting its references beyond the first. A further copy promoted to first copy (its primary
+evicted) takes its count into the table. vLLM keeps ``ref_cnt`` on the block object; the count is
+the same, only where it is kept differs.
 
 The prefix-cache map (vLLM's cached_block_hash_to_block) is kept per trace block, not per key: a
 trace-named key is id * _ID_STRIDE + offset (engine/block_keys.py), and the keys of one trace block
@@ -38,9 +45,14 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from itertools import repeat
-from typing import cast
+from typing import Final, cast
 
-from engine.block_keys import _ID_STRIDE
+from engine import block_keys
+
+# engine/block_keys.py's key stride, as a constant of this module: compiled code inlines a Final of
+# its own module but reads an imported one from the module dict at every use (73 -> 31 ns a slot).
+_ID_STRIDE: Final = (1 << 24) + 1
+assert _ID_STRIDE == block_keys._ID_STRIDE
 
 
 class PoolInvariantError(Exception):
@@ -54,7 +66,8 @@ def _require(ok: bool, message: str) -> None:
 
 
 class BlockPool:
-    __slots__ = ("num_gpu_blocks", "block_size", "extra_refs", "groups", "unique", "dups", "free_queue", "where",
+    __slots__ = ("num_gpu_blocks", "block_size", "extra_refs", "groups", "refs", "unique", "dups", "free_queue",
+                 "where",
                  "num_free", "num_evictions", "_next_id", "_next_run", "uncached_first", "version", "watched",
                  "watch_hit", "free_version")
 
@@ -65,12 +78,14 @@ class BlockPool:
         # Keyed by the block's int object as the caller's list holds it (dict[object, ...] and loops
         # over list[object]): compiled code would otherwise unbox each id and box it again, a new
         # int object per dict operation that the dict must then compare by value.
-        self.extra_refs: dict[object, int] = {}  # block -> references beyond the first
+        self.extra_refs: dict[object, int] = {}  # block outside the tables -> references beyond the first
         self.block_size = block_size
         # The prefix-cache map, key -> first cached copy (see the module doc): trace-named keys in
         # per-trace-block tables [filled, slot 0, slot 1, ...] (0: empty; block 0 is never handed
         # out), keys unique to a request in a dict.
         self.groups: dict[int, list[int]] = {}
+        # Reference counts of the tables' blocks, per slot (aligned with groups; 0: free or empty).
+        self.refs: dict[int, list[int]] = {}
         self.unique: dict[int, int] = {}
         self.dups: dict[int, list[int]] = {}  # key -> further copies (rare)
         # run id -> [count, evicts] (anonymous) or [blocks, keys, next, stale] (registered)
@@ -146,6 +161,7 @@ class BlockPool:
             return False
         table[i] = b
         table[0] += 1
+        self.refs[tid][i] = 1  # its owner's reference
         return True
 
     def _table(self, tid: int, length: int) -> list[int]:
@@ -154,17 +170,23 @@ class BlockPool:
         if table is None:
             table = [0] * length
             self.groups[tid] = table
+            self.refs[tid] = [0] * length
         elif len(table) < length:
-            table.extend([0] * (length - len(table)))
+            grow = [0] * (length - len(table))
+            table.extend(grow)
+            self.refs[tid].extend(grow)
         return table
 
     def _replace(self, key: int, b: int) -> None:
-        """The first copy of a mapped ``key`` is now ``b``."""
+        """The first copy of a mapped ``key`` (just evicted, so unreferenced) is now the further copy
+        ``b``, whose references move into the table."""
         if key < 0:
             self.unique[key] = b
         else:
             tid, i = self._slot(key)
             self.groups[tid][i] = b
+            if b not in self.where:
+                self.refs[tid][i] = 1 + self.extra_refs.pop(b, 0)
 
     def _drop(self, key: int) -> None:
         """Unmap a mapped ``key``."""
@@ -182,10 +204,14 @@ class BlockPool:
         left = table[0] - m
         if left == 0:
             del self.groups[tid]
+            del self.refs[tid]
             return
         table[0] = left
-        while not table[-1]:
-            table.pop()
+        if not table[-1]:
+            refs = self.refs[tid]
+            while not table[-1]:
+                table.pop()
+                refs.pop()
 
     def _span(self, keys: list[int], j: int, step: int) -> int:
         """End of the run of ``keys`` from ``j`` that steps by ``step`` (+-block size) inside one
@@ -235,6 +261,7 @@ class BlockPool:
                 if table[i:i + m].count(0) == m:  # all free: one slice assignment
                     table[i:i + m] = blocks[j:k]
                     table[0] += m
+                    self.refs[tid][i:i + m] = [1] * m  # their owner's references
                     j = k
                     continue
             for b, key in zip(blocks[j:k], keys[j:k]):
@@ -379,24 +406,97 @@ class BlockPool:
             if not copies:
                 del self.dups[key]
 
-    def touch(self, blocks: list[int]) -> None:
-        """Take a reference on prefix-cache hits, taking free ones out of the free queue."""
-        where = self.where
-        fq = self.free_queue
-        extra = self.extra_refs
-        self.free_version += 1
-        b: object
-        for b in cast("list[object]", blocks):
-            rid = where.pop(b, None)
-            if rid is not None:
-                fq[rid][3] += 1
-                self.num_free -= 1
-            else:
-                extra[b] = extra.get(b, 0) + 1
+    def touch(self, blocks: list[int], runs: list[range]) -> None:
+        """Take a reference on prefix-cache hits, taking free ones out of the free queue.
 
-    def num_free_among(self, blocks: list[int]) -> int:
-        """How many of ``blocks`` sit in the free queue (hits that would consume free capacity)."""
-        return sum(map(self.where.__contains__, blocks))
+        ``blocks`` are what ``cached_prefix(runs)`` returned (``runs`` may cover more keys): the
+        hits of a trace-block run are that table's slots, counted there.
+        """
+        self.free_version += 1
+        n = len(blocks)
+        bs = self.block_size
+        j = 0
+        for rng in runs:
+            if j >= n:
+                break
+            m = len(rng)
+            if m > n - j:
+                m = n - j
+            if m == 0:
+                continue
+            k0 = rng[0]
+            if k0 >= 0 and rng.step == bs:
+                tid, i = self._slot(k0)
+                self._hold_slots(tid, i, blocks, j, m)
+                j += m
+                continue
+            for key in rng[:m]:
+                if key >= 0:
+                    tid, i = self._slot(key)
+                    self._hold_slots(tid, i, blocks, j, 1)
+                else:
+                    self._hold(cast("list[object]", blocks)[j])
+                j += 1
+
+    def _hold_slots(self, tid: int, i: int, blocks: list[int], j: int, m: int) -> None:
+        """One more reference on slots i..i+m-1 of table ``tid``, which hold ``blocks[j:j+m]``."""
+        table = self.groups[tid]
+        _require(table[i:i + m] == blocks[j:j + m], "prefix hits are not the table's blocks")
+        refs = self.refs[tid]
+        if 0 in refs[i:i + m]:
+            where = self.where
+            fq = self.free_queue
+            for s in range(i, i + m):
+                c = refs[s]
+                if c == 0:  # a free cached block: out of the free queue
+                    fq[where.pop(cast("list[object]", table)[s])][3] += 1
+                    self.num_free -= 1
+                refs[s] = c + 1
+        else:  # every one in use already (a popular prefix): counts only
+            for s in range(i, i + m):
+                refs[s] = refs[s] + 1  # (not +=: compiled, that is a generic object operation)
+
+    def _hold(self, b: object) -> None:
+        """One more reference on a block outside the tables."""
+        rid = self.where.pop(b, None)
+        if rid is not None:
+            self.free_queue[rid][3] += 1
+            self.num_free -= 1
+        else:
+            extra = self.extra_refs
+            extra[b] = extra.get(b, 0) + 1
+
+    def num_free_among(self, blocks: list[int], runs: list[range]) -> int:
+        """How many of ``blocks`` (``cached_prefix(runs)``) sit in the free queue: hits that would
+        consume free capacity."""
+        n = len(blocks)
+        bs = self.block_size
+        refs_of = self.refs
+        count = 0
+        j = 0
+        for rng in runs:
+            if j >= n:
+                break
+            m = len(rng)
+            if m > n - j:
+                m = n - j
+            if m == 0:
+                continue
+            k0 = rng[0]
+            if k0 >= 0 and rng.step == bs:
+                tid, i = self._slot(k0)
+                count += refs_of[tid][i:i + m].count(0)
+                j += m
+                continue
+            for key in rng[:m]:
+                if key >= 0:
+                    tid, i = self._slot(key)
+                    if refs_of[tid][i] == 0:
+                        count += 1
+                elif cast("list[object]", blocks)[j] in self.where:
+                    count += 1
+                j += 1
+        return count
 
     def _append_run(self, count: int, evicts: bool) -> None:
         fq = self.free_queue
@@ -444,31 +544,84 @@ class BlockPool:
         if not keys:
             return
         blocks = blocks_in_eviction_order[skip:] if skip else blocks_in_eviction_order
-        extra = self.extra_refs
-        if extra:
-            # Blocks other holders still reference lose one reference and stay in use; the rest
-            # are freed, in order. (Plain loops: compiled, each is a direct dict operation.)
-            freed: list[object] = []
-            freed_keys: list[object] = []
-            b: object
-            key: object
-            for b, key in zip(cast("list[object]", blocks), cast("list[object]", keys)):
-                c = extra.get(b, 0)
-                if c == 0:
-                    freed.append(b)
-                    freed_keys.append(key)
-                elif c == 1:
-                    del extra[b]
+        # Blocks other holders still reference lose one reference and stay in use; the rest are
+        # freed, in order. A table's first copies are counted in its slots: a run of keys inside
+        # one table (descending, the eviction order) is one slice compare and a list update per
+        # block. (Plain loops over list[object]: compiled, no id is unboxed and boxed again.)
+        groups = self.groups
+        refs_of = self.refs
+        step = -self.block_size
+        freed: list[object] = []
+        freed_keys: list[object] = []
+        blocks_o = cast("list[object]", blocks)
+        keys_o = cast("list[object]", keys)
+        n = len(keys)
+        j = 0
+        while j < n:
+            key = keys[j]
+            if key < 0:
+                self._release(blocks_o[j], keys_o[j], freed, freed_keys)
+                j += 1
+                continue
+            k = self._span(keys, j, step)
+            tid, top = self._slot(key)
+            table = groups[tid]
+            refs = refs_of[tid]
+            lo = top - (k - j) + 1
+            seg = table[lo:top + 1]
+            seg.reverse()
+            if seg == blocks[j:k]:  # all first copies (the common case)
+                m = k - j
+                ones = refs[lo:top + 1].count(1)
+                if ones == m:  # the last reference on each: all freed
+                    refs[lo:top + 1] = [0] * m
+                    freed.extend(blocks_o[j:k])
+                    freed_keys.extend(keys_o[j:k])
+                elif ones == 0:  # all still held by others: counts only
+                    for s in range(lo, top + 1):
+                        refs[s] = refs[s] - 1
                 else:
-                    extra[b] = c - 1
-            if not freed:
-                return
-            blocks, keys = cast("list[int]", freed), cast("list[int]", freed_keys)
+                    s = top
+                    for x in range(j, k):
+                        c = refs[s] - 1
+                        refs[s] = c
+                        if c == 0:
+                            freed.append(blocks_o[x])
+                            freed_keys.append(keys_o[x])
+                        s -= 1
+            else:
+                s = top
+                for x in range(j, k):
+                    if table[s] == blocks[x]:
+                        c = refs[s] - 1
+                        refs[s] = c
+                        if c == 0:
+                            freed.append(blocks_o[x])
+                            freed_keys.append(keys_o[x])
+                    else:  # a further copy
+                        self._release(blocks_o[x], keys_o[x], freed, freed_keys)
+                    s -= 1
+            j = k
+        if not freed:
+            return
+        blocks, keys = cast("list[int]", freed), cast("list[int]", freed_keys)
         rid = self._next_run
         self._next_run += 1
         self.free_queue[rid] = [blocks, keys, 0, 0]
         self.where.update(zip(blocks, repeat(rid)))
         self.num_free += len(blocks)
+
+    def _release(self, b: object, key: object, freed: list[object], freed_keys: list[object]) -> None:
+        """Drop a reference on a block outside the tables; at zero it joins ``freed``."""
+        extra = self.extra_refs
+        c = extra.get(b, 0)
+        if c == 0:
+            freed.append(b)
+            freed_keys.append(key)
+        elif c == 1:
+            del extra[b]
+        else:
+            extra[b] = c - 1
 
     def cache_full_blocks(self, blocks: list[int], keys: list[int]) -> None:
         """Register newly full blocks under their keys (at scheduling time, as vLLM does)."""
@@ -500,12 +653,26 @@ class BlockPool:
         _require(free == self.num_free, f"{free} free blocks counted, {self.num_free} recorded")
         _require(self.num_free + len(holders) == usable, (
             f"{self.num_free} free + {len(holders)} in use != {usable} usable blocks"))
+        slot_refs: dict[int, int] = {}  # a table's block -> its slot's reference count
+        for tid, table in self.groups.items():
+            refs = self.refs[tid]
+            _require(len(refs) == len(table), f"table {tid}: {len(refs)} counts for {len(table)} slots")
+            for i in range(1, len(table)):
+                b = table[i]
+                if b:
+                    _require((refs[i] == 0) == (b in self.where), f"block {b}: count {refs[i]} but free is "
+                             f"{b in self.where}")
+                    slot_refs[b] = refs[i]
+                else:
+                    _require(refs[i] == 0, f"table {tid}: an empty slot counts {refs[i]} references")
+        _require(self.refs.keys() == self.groups.keys(), "counts kept for tables that do not exist")
         for b, held in holders.items():
             _require(b not in self.where, f"block {b} is held and free")
-            _require(held == 1 + self.extra_refs.get(b, 0), (
-                f"block {b}: held {held} times, ref_cnt {1 + self.extra_refs.get(b, 0)}"))
+            ref_cnt = slot_refs[b] if b in slot_refs else 1 + self.extra_refs.get(b, 0)
+            _require(held == ref_cnt, f"block {b}: held {held} times, ref_cnt {ref_cnt}")
         for extra_b in self.extra_refs:
             _require(extra_b in holders, f"block {extra_b}: extra refs on a block nobody holds")
+            _require(extra_b not in slot_refs, f"block {extra_b}: counted in a table and outside it")
 
         def key_of(b: int) -> int | None:
             return free_keys[b] if b in free_keys else in_use_keys.get(b)

@@ -37,6 +37,7 @@ import heapq
 from bisect import bisect_left
 from collections.abc import Callable
 from itertools import accumulate, islice, repeat
+from typing import Final
 
 import numpy as np
 
@@ -57,7 +58,9 @@ def _next_store_step(r, base: int, off_bs: int) -> int:
 
 # Event kinds, in their order within one step (as in schedule()): allocations, the queue head's
 # CPU lookup, stores.
-_ALLOC, _LOOKUP, _STORE = 0, 1, 2
+_ALLOC: Final = 0
+_LOOKUP: Final = 1
+_STORE: Final = 2
 
 
 def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next_event_ms: float,

@@ -15,15 +15,17 @@ never-shared prompts become free-queue moves only.
 
 from __future__ import annotations
 
+from typing import Final
+
 from engine.block_pool import BlockPool
 from engine.request import Request
 
-_EAGER = 1 << 62  # a preempted request registers every full block (it may look them up itself)
+_EAGER: Final = 1 << 62  # a preempted request registers every full block (it may look them up itself)
 
 
 class KVCacheManager:
     __slots__ = ("pool", "block_size", "enable_caching", "hash_lookahead", "drop_last_hit", "reprefillable",
-                 "_memo", "_evictable_memo")
+                 "_memo", "_evictable_memo", "_runs_memo")
     # The pool class: tests swap in tests/reference_block_pool.PerBlockPool to check it end to end.
     pool_factory = BlockPool
 
@@ -48,6 +50,8 @@ class KVCacheManager:
         # (hits, pool.free_version, how many of them are free): admission asks for the same hits up
         # to three times in a row (the blocked-queue check, the admission gate, allocate_slots).
         self._evictable_memo: tuple[list[int], int, int] | None = None
+        # (hits, their keys' runs): the pool counts a hit's references in its trace block's table.
+        self._runs_memo: tuple[list[int], list[range]] | None = None
 
     @staticmethod
     def _registrable(req: Request) -> int:
@@ -101,18 +105,28 @@ class KVCacheManager:
         bs = self.block_size
         needed = -(-(num_tokens + num_lookahead_tokens) // bs)
         held = len(req.block_ids) + len(new_computed_blocks)
-        evictable_hits = self._num_evictable(new_computed_blocks) if new_computed_blocks else 0
+        evictable_hits = self._num_evictable(req, new_computed_blocks) if new_computed_blocks else 0
         return max(0, needed - held) + evictable_hits
 
-    def _num_evictable(self, hits: list[int]) -> int:
+    def _num_evictable(self, req: Request, hits: list[int]) -> int:
         """How many of ``hits`` sit in the free queue (pool.num_free_among), memoised."""
         memo = self._evictable_memo
         version = self.pool.free_version
         if memo is not None and memo[0] is hits and memo[1] == version:
             return memo[2]
-        n = self.pool.num_free_among(hits)
+        n = self.pool.num_free_among(hits, self._hit_runs(req, hits))
         self._evictable_memo = (hits, version, n)
         return n
+
+    def _hit_runs(self, req: Request, hits: list[int]) -> list[range]:
+        """The keys of ``hits``, the next blocks of ``req``, as runs (BlockKeys.key_runs), memoised."""
+        memo = self._runs_memo
+        if memo is not None and memo[0] is hits:
+            return memo[1]
+        held = len(req.block_ids)
+        runs = req.keys.key_runs(held, held + len(hits), self.block_size)
+        self._runs_memo = (hits, runs)
+        return runs
 
     def allocate_slots(self, req: Request, num_new_tokens: int,
                        new_computed_blocks: list[int] | None = None,
@@ -134,10 +148,10 @@ class KVCacheManager:
         if num_new_blocks < 0:
             num_new_blocks = 0
         if new_computed_blocks:
-            evictable = self._num_evictable(new_computed_blocks)
+            evictable = self._num_evictable(req, new_computed_blocks)
             if num_new_blocks + evictable + reserve_blocks > pool.num_free:
                 return False
-            pool.touch(new_computed_blocks)
+            pool.touch(new_computed_blocks, self._hit_runs(req, new_computed_blocks))
             req.block_ids.extend(new_computed_blocks)
             req.num_cached_blocks = len(req.block_ids)
         elif num_new_blocks + reserve_blocks > pool.num_free:

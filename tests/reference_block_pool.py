@@ -116,8 +116,9 @@ class PerBlockPool:
                 deque(map(self.cached.__delitem__, keys), 0)
         return out
 
-    def touch(self, blocks: Iterable[int]) -> None:
-        """Take a reference on prefix-cache hits, unlinking free ones from the free queue."""
+    def touch(self, blocks: Iterable[int], runs: list[range] | None = None) -> None:
+        """Take a reference on prefix-cache hits, unlinking free ones from the free queue (``runs``,
+        the hits' keys, is what BlockPool counts them by; one count per block here)."""
         fq = self.free_queue
         extra = self.extra_refs
         self.free_version += 1
@@ -127,7 +128,7 @@ class PerBlockPool:
             else:
                 extra[b] = extra.get(b, 0) + 1
 
-    def num_free_among(self, blocks: list[int]) -> int:
+    def num_free_among(self, blocks: list[int], runs: list[range] | None = None) -> int:
         """How many of ``blocks`` sit in the free queue (hits that would consume free capacity)."""
         fq = self.free_queue
         return sum(map(fq.__contains__, blocks))

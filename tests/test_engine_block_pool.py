@@ -92,7 +92,7 @@ def test_anonymous_runs_match_per_block_pool(seed, style):
             new_full = len(keys) - nh
             tail = rng.randint(0, 2)  # never-full blocks
             need = new_full + tail
-            free_hits = [pool.num_free_among(h) for pool, h in zip(pools, hits)]
+            free_hits = [pool.num_free_among(h, runs) for pool, h in zip(pools, hits)]
             assert free_hits[0] == free_hits[1]
             if need + free_hits[0] > pools[0].num_free:
                 continue
@@ -100,7 +100,7 @@ def test_anonymous_runs_match_per_block_pool(seed, style):
             pair = []
             for pool, h in zip(pools, hits):
                 t = _Table(keys)
-                pool.touch(h)
+                pool.touch(h, runs)
                 t.blocks = h + pool.get_new_blocks(need)
                 if reg > nh:
                     pool.cache_full_blocks(t.blocks[nh:reg], keys[nh:reg])
