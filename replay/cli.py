@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import os
 import signal
 import sys
+import threading
 
 import typer
 
@@ -57,7 +60,34 @@ for _name in _COMMAND_MODULES:
 
 
 def main() -> None:  # pragma: no cover - console entry
-    app()
+    """The ``replay`` console entry: run the command, then leave without tearing the interpreter down.
+
+    Every output is written, closed and renamed into place before a command returns (atomic
+    writers), and the atexit handlers still run. What is skipped is the interpreter's finalization:
+    module teardown and its full garbage collections over every object the imported libraries
+    (pyarrow, pydantic, typer, rich...) made, 0.4-0.6 s of every command on this machine (perf: 122
+    of 3,992 samples of a 20k-request replay were in Py_FinalizeEx). With another thread still
+    running (none of ours outlives its command) the exit is the normal one.
+    """
+    code: int | str | None = 0
+    try:
+        app()
+    except SystemExit as exc:
+        code = exc.code
+    if threading.active_count() > 1:
+        sys.exit(code)
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        sys.stderr.write(f"{code}\n")
+        code = 1
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed pipe: nothing more can be said
+        pass
+    os._exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m replay.cli`
