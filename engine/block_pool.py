@@ -249,25 +249,27 @@ class BlockPool:
                 self._emptied(tid, table, m)
             j = k
 
-    def _put_all(self, blocks: list[int], keys: list[int]) -> None:
-        """Map ``keys`` (prefix order) to ``blocks``; keys mapped already get a further copy."""
+    def _put_all(self, blocks: list[int], runs: list[range]) -> None:
+        """Map the keys of ``runs`` (BlockKeys.key_runs, prefix order) to ``blocks``; keys mapped
+        already get a further copy."""
+        bs = self.block_size
         j = 0
-        while j < len(keys):
-            k = self._span(keys, j, self.block_size)
-            m = k - j
-            if m >= 4:
-                tid, i = self._slot(keys[j])
+        for rng in runs:
+            m = len(rng)
+            if m >= 4 and rng.step == bs and rng[0] >= 0:  # one trace block's run: one table
+                tid, i = self._slot(rng[0])
                 table = self._table(tid, i + m)
                 if table[i:i + m].count(0) == m:  # all free: one slice assignment
-                    table[i:i + m] = blocks[j:k]
+                    table[i:i + m] = blocks[j:j + m]
                     table[0] += m
                     self.refs[tid][i:i + m] = [1] * m  # their owner's references
-                    j = k
+                    j += m
                     continue
-            for b, key in zip(blocks[j:k], keys[j:k]):
+            for key in rng:
+                b = blocks[j]
                 if not self._put(key, b):  # computed twice (or twice in one call): a further copy
                     self.dups.setdefault(key, []).append(b)
-            j = k
+                j += 1
 
     def cached_prefix(self, runs: list[range]) -> list[int]:
         """First cached copies of the leading mapped keys of ``runs`` (BlockKeys.key_runs: each run
@@ -521,15 +523,16 @@ class BlockPool:
         fq[rid] = [count, False]
         fq.move_to_end(rid, last=False)
 
-    def free_blocks(self, blocks_in_eviction_order: list[int], keys: list[int], num_uncached: int,
+    def free_blocks(self, blocks_in_eviction_order: list[int], runs: list[range], num_uncached: int,
                     num_private: int) -> None:
         """Drop one reference each; blocks reaching zero join the free queue.
 
         vLLM 0.33 (BlockPool.free_blocks): blocks without a block hash go to the head of the free
         queue (reused first), cached ones to the tail in the given order. The first ``num_uncached``
         blocks are not cached (head), the next ``num_private`` are private (cached, findable by
-        nobody; tail): both are anonymous runs. The rest are registered, under ``keys`` (aligned
-        with them), and join the tail after the private ones.
+        nobody; tail): both are anonymous runs. The rest are registered, under the keys of ``runs``
+        (in the blocks' order: a request's key runs reversed, each reversed), and join the tail
+        after the private ones. No key is made for a block that stays in use.
         """
         self.free_version += 1
         if num_uncached:
@@ -541,67 +544,55 @@ class BlockPool:
             self._append_run(num_private, True)
         skip = num_uncached + num_private
         self.num_free += skip
-        if not keys:
+        if not runs:
             return
         blocks = blocks_in_eviction_order[skip:] if skip else blocks_in_eviction_order
         # Blocks other holders still reference lose one reference and stay in use; the rest are
-        # freed, in order. A table's first copies are counted in its slots: a run of keys inside
-        # one table (descending, the eviction order) is one slice compare and a list update per
-        # block. (Plain loops over list[object]: compiled, no id is unboxed and boxed again.)
+        # freed, in order. A table's first copies are counted in its slots: a run inside one table
+        # (descending, the eviction order) is one slice compare and a list update per block.
+        # (Plain loops over list[object]: compiled, no id is unboxed and boxed again.)
         groups = self.groups
         refs_of = self.refs
         step = -self.block_size
         freed: list[object] = []
         freed_keys: list[object] = []
         blocks_o = cast("list[object]", blocks)
-        keys_o = cast("list[object]", keys)
-        n = len(keys)
         j = 0
-        while j < n:
-            key = keys[j]
-            if key < 0:
-                self._release(blocks_o[j], keys_o[j], freed, freed_keys)
-                j += 1
+        for rng in runs:
+            m = len(rng)
+            if m == 0:
                 continue
-            k = self._span(keys, j, step)
-            tid, top = self._slot(key)
+            top_key = rng[0]
+            if top_key < 0 or (m > 1 and rng.step != step):  # keys unique to the request
+                for key in rng:
+                    if key >= 0:
+                        self._release_slot(key, blocks_o[j], freed, freed_keys)
+                    else:
+                        self._release(blocks_o[j], key, freed, freed_keys)
+                    j += 1
+                continue
+            tid, top = self._slot(top_key)
             table = groups[tid]
             refs = refs_of[tid]
-            lo = top - (k - j) + 1
+            lo = top - m + 1
             seg = table[lo:top + 1]
             seg.reverse()
-            if seg == blocks[j:k]:  # all first copies (the common case)
-                m = k - j
+            if seg == blocks[j:j + m]:  # all first copies (the common case)
                 ones = refs[lo:top + 1].count(1)
                 if ones == m:  # the last reference on each: all freed
                     refs[lo:top + 1] = [0] * m
-                    freed.extend(blocks_o[j:k])
-                    freed_keys.extend(keys_o[j:k])
-                elif ones == 0:  # all still held by others: counts only
+                    freed.extend(blocks_o[j:j + m])
+                    freed_keys.extend(rng)
+                    j += m
+                    continue
+                if ones == 0:  # all still held by others: counts only
                     for s in range(lo, top + 1):
                         refs[s] = refs[s] - 1
-                else:
-                    s = top
-                    for x in range(j, k):
-                        c = refs[s] - 1
-                        refs[s] = c
-                        if c == 0:
-                            freed.append(blocks_o[x])
-                            freed_keys.append(keys_o[x])
-                        s -= 1
-            else:
-                s = top
-                for x in range(j, k):
-                    if table[s] == blocks[x]:
-                        c = refs[s] - 1
-                        refs[s] = c
-                        if c == 0:
-                            freed.append(blocks_o[x])
-                            freed_keys.append(keys_o[x])
-                    else:  # a further copy
-                        self._release(blocks_o[x], keys_o[x], freed, freed_keys)
-                    s -= 1
-            j = k
+                    j += m
+                    continue
+            for key in rng:
+                self._release_slot(key, blocks_o[j], freed, freed_keys)
+                j += 1
         if not freed:
             return
         blocks, keys = cast("list[int]", freed), cast("list[int]", freed_keys)
@@ -610,6 +601,21 @@ class BlockPool:
         self.free_queue[rid] = [blocks, keys, 0, 0]
         self.where.update(zip(blocks, repeat(rid)))
         self.num_free += len(blocks)
+
+    def _release_slot(self, key: int, b: object, freed: list[object], freed_keys: list[object]) -> None:
+        """Drop a reference on ``b``, registered under the trace-named ``key``: counted in the
+        key's slot when it is the first copy, else (a further copy) by itself."""
+        tid, i = self._slot(key)
+        table = cast("list[object]", self.groups[tid])
+        if table[i] == b:
+            refs = self.refs[tid]
+            c = refs[i] - 1
+            refs[i] = c
+            if c == 0:
+                freed.append(b)
+                freed_keys.append(key)
+        else:
+            self._release(b, key, freed, freed_keys)
 
     def _release(self, b: object, key: object, freed: list[object], freed_keys: list[object]) -> None:
         """Drop a reference on a block outside the tables; at zero it joins ``freed``."""
@@ -623,12 +629,17 @@ class BlockPool:
         else:
             extra[b] = c - 1
 
-    def cache_full_blocks(self, blocks: list[int], keys: list[int]) -> None:
-        """Register newly full blocks under their keys (at scheduling time, as vLLM does)."""
+    def cache_full_blocks(self, blocks: list[int], runs: list[range]) -> None:
+        """Register newly full blocks under their keys, given as runs (at scheduling time, as vLLM
+        does)."""
         self.version += 1
-        if self.watched is not None and not self.watched.isdisjoint(keys):
-            self.watch_hit = True
-        self._put_all(blocks, keys)
+        watched = self.watched
+        if watched is not None:
+            for rng in runs:
+                if not watched.isdisjoint(rng):
+                    self.watch_hit = True
+                    break
+        self._put_all(blocks, runs)
 
     def check_invariants(self, in_use_keys: dict[int, int | None], holders: dict[int, int]) -> None:
         """Debug mode: counts, references and keys agree (O(pool), never on the hot path).

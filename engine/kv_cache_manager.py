@@ -185,7 +185,7 @@ class KVCacheManager:
             if reg > num_full:
                 reg = num_full
             if reg > start:
-                self.pool.cache_full_blocks(req.block_ids[start:reg], req.keys.keys_upto(reg)[start:reg])
+                self.pool.cache_full_blocks(req.block_ids[start:reg], req.keys.key_runs(start, reg, bs))
             req.num_cached_blocks = num_full
 
     def free(self, req: Request, preempted: bool = False) -> None:
@@ -198,15 +198,16 @@ class KVCacheManager:
         if blocks:
             n = req.num_cached_blocks
             reg = self._registrable(req)
+            bs = self.block_size
             if reg < n and preempted and self.enable_caching:
-                self.pool.cache_full_blocks(blocks[reg:n], req.keys.keys_upto(n)[reg:n])
+                self.pool.cache_full_blocks(blocks[reg:n], req.keys.key_runs(reg, n, bs))
                 reg = n
             if reg > n:
                 reg = n
-            keys = req.keys.keys_upto(reg)[:reg] if reg else []
+            # The registered prefix's keys as runs, last block first: no key list is made.
+            runs = [rng[::-1] for rng in reversed(req.keys.key_runs(0, reg, bs))] if reg else []
             blocks.reverse()
-            keys.reverse()
             # Eviction order: the never-full tail, the private blocks, then the registered prefix.
-            self.pool.free_blocks(blocks, keys, len(blocks) - n, n - reg)
+            self.pool.free_blocks(blocks, runs, len(blocks) - n, n - reg)
         req.block_ids = []
         req.num_cached_blocks = 0

@@ -133,10 +133,11 @@ class PerBlockPool:
         fq = self.free_queue
         return sum(map(fq.__contains__, blocks))
 
-    def free_blocks(self, blocks_in_eviction_order: list[int], keys: list[int], num_uncached: int,
+    def free_blocks(self, blocks_in_eviction_order: list[int], runs: list[range], num_uncached: int,
                     num_private: int) -> None:
         """As engine.block_pool.BlockPool.free_blocks, one free-queue entry per block: blocks
         without a hash to the head (reused first, in the given order), cached ones to the tail."""
+        keys = [key for rng in runs for key in rng]
         self.free_version += 1
         fq = self.free_queue
         uncached = blocks_in_eviction_order[:num_uncached]
@@ -179,8 +180,9 @@ class PerBlockPool:
             if not copies:
                 del self.dups[key]
 
-    def cache_full_blocks(self, blocks: list[int], keys: list[int]) -> None:
+    def cache_full_blocks(self, blocks: list[int], runs: list[range]) -> None:
         """As BlockPool.cache_full_blocks, one dict entry per key."""
+        keys = [key for rng in runs for key in rng]
         self.version += 1
         if self.watched is not None and not self.watched.isdisjoint(keys):
             self.watch_hit = True

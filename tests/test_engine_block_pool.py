@@ -18,9 +18,26 @@ from engine.block_pool import BlockPool
 from tests.reference_block_pool import PerBlockPool
 
 
+def _slice_runs(runs: list[range], a: int, b: int) -> list[range]:
+    """Keys a..b-1 of the concatenated ``runs``, as runs (how the engine hands keys to the pool)."""
+    out, pos = [], 0
+    for rng in runs:
+        lo, hi = max(a - pos, 0), min(b - pos, len(rng))
+        if lo < hi:
+            out.append(rng[lo:hi])
+        pos += len(rng)
+    return out
+
+
+def _eviction_runs(runs: list[range], n: int) -> list[range]:
+    """The first ``n`` keys' runs, last key first (KVCacheManager.free)."""
+    return [rng[::-1] for rng in reversed(_slice_runs(runs, 0, n))]
+
+
 class _Table:
-    def __init__(self, keys: list[int]) -> None:
+    def __init__(self, keys: list[int], runs: list[range]) -> None:
         self.keys = keys
+        self.runs = runs
         self.blocks: list[int] = []
         self.registered = 0  # leading blocks registered under their keys
         self.full = 0  # leading full blocks (registered or private)
@@ -74,8 +91,8 @@ def test_anonymous_runs_match_per_block_pool(seed, style):
             pair = active.pop(rng.randrange(len(active)))
             for pool, t in zip(pools, pair):
                 blocks = t.blocks[::-1]
-                keys = t.keys[:t.registered][::-1]
-                pool.free_blocks(blocks, keys, len(t.blocks) - t.full, t.full - t.registered)
+                pool.free_blocks(blocks, _eviction_runs(t.runs, t.registered), len(t.blocks) - t.full,
+                                 t.full - t.registered)
         else:
             if style == "tree":
                 keys, runs = _tree_prompt(rng, step)
@@ -99,11 +116,11 @@ def test_anonymous_runs_match_per_block_pool(seed, style):
             reg = nh + rng.randint(0, new_full)  # the rest of the full blocks stay private
             pair = []
             for pool, h in zip(pools, hits):
-                t = _Table(keys)
+                t = _Table(keys, runs)
                 pool.touch(h, runs)
                 t.blocks = h + pool.get_new_blocks(need)
                 if reg > nh:
-                    pool.cache_full_blocks(t.blocks[nh:reg], keys[nh:reg])
+                    pool.cache_full_blocks(t.blocks[nh:reg], _slice_runs(runs, nh, reg))
                 t.registered, t.full = reg, len(keys)
                 pair.append(t)
             active.append(pair)
@@ -145,10 +162,10 @@ def test_a_prefix_walk_stops_at_an_evicted_block_inside_a_trace_block(pool_class
     run = keys.key_runs(0, 4, 16)
     assert len(run) == 1 and len(run[0]) == 4
     blocks = pool.get_new_blocks(4)
-    pool.cache_full_blocks(blocks, list(run[0]))
+    pool.cache_full_blocks(blocks, run)
     assert pool.cached_prefix(run) == blocks
     b1, b2, b3, b4 = blocks
-    pool.free_blocks([b2, b4, b3, b1], [run[0][1], run[0][3], run[0][2], run[0][0]], 0, 0)
+    pool.free_blocks([b2, b4, b3, b1], [run[0][1:2], run[0][3:4], run[0][2:3], run[0][0:1]], 0, 0)
     pool.get_new_blocks(2)  # the never-used block, then b2 (evicted)
     assert pool.num_evictions == 1
     assert pool.cached_prefix(run) == [b1]

@@ -50,7 +50,7 @@ def _cache_when_computed_past_lookahead() -> None:
         if num_full > start:
             reg = min(self._registrable(req), num_full)
             if reg > start:
-                self.pool.cache_full_blocks(req.block_ids[start:reg], req.keys.keys_upto(reg)[start:reg])
+                self.pool.cache_full_blocks(req.block_ids[start:reg], req.keys.key_runs(start, reg, self.block_size))
             req.num_cached_blocks = num_full
 
     KVCacheManager.cache_blocks = cache_blocks
