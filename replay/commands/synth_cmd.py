@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from pydantic import ValidationError
 
 from replay.commands._common import console, user_errors
 from replay.errors import ConfigError
@@ -49,6 +48,8 @@ def register(app: typer.Typer) -> None:
         think_s: float = typer.Option(20.0, "--think-s", help="Mean think time between turns, seconds."),
     ) -> None:
         """Write a synthetic trace (see ingest/synth.py for the model and its assumptions)."""
+        from pydantic import ValidationError  # here, not at the top: `replay --help` needs no pydantic
+
         from ingest import synth as sy
 
         with user_errors():
