@@ -26,6 +26,10 @@ NATIVE_SOURCES = [
     "engine/kv_cache_manager.py",
     "engine/scheduler.py",
     "engine/decode_window.py",
+    "engine/cpu_store.py",
+    "engine/offload.py",
+    "engine/recorder.py",
+    "engine/core.py",
 ]
 MANIFEST = "engine/_native_build.json"
 

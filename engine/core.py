@@ -49,6 +49,7 @@ class EngineCore:
         self._step_terms = getattr(timer, "decode_step_terms", None)  # compiled window timing, if any
         self.now = 0.0  # this replica's clock: the end of its step or window in flight
         self.step_idx = 0
+        self.schedule_calls = 0  # steps built by the scheduler (the rest are decode windows'); run.json
         self.idle_spins = 0
         self.busy_ms = 0.0  # total duration of its steps
         self.inbox: list[tuple[float, int, int, Request]] = []  # routed, not yet queued: (ready, kind, seq, req)
@@ -134,7 +135,7 @@ class EngineCore:
                 self.step_idx += taken
                 self.busy_ms += end - now
                 self.now = end
-                if finished:
+                if finished and on_finished is not None:
                     for r in finished:
                         self.rec.request_finished(r)
                         on_finished(r, end, self)
@@ -142,6 +143,7 @@ class EngineCore:
                     self.check(None)
                 return end, False
         out = sched.schedule(now)
+        self.schedule_calls += 1
         if out.total_tokens == 0:
             nxt = next_event(self)
             if out.num_preempted == 0 and nxt == math.inf:
@@ -165,7 +167,10 @@ class EngineCore:
 
     def complete(self, on_finished: Callable[[Request, float, EngineCore], None]) -> float:
         """Apply the step in flight at its end; returns that end (the replica acts again then)."""
-        out, start, dur = self.pending
+        pending = self.pending
+        if pending is None:
+            raise RuntimeError(f"replica {self.replica}: complete() with no step in flight")
+        out, start, dur = pending
         self.pending = None
         end = start + dur
         sched = self.sched

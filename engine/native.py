@@ -26,6 +26,10 @@ NATIVE_MODULES = (
     "engine.kv_cache_manager",
     "engine.scheduler",
     "engine.decode_window",
+    "engine.cpu_store",
+    "engine.offload",
+    "engine.recorder",
+    "engine.core",
 )
 PURE_ENV = "REPLAY_PURE_PYTHON"
 _PACKAGE_DIR = Path(__file__).resolve().parent

@@ -48,7 +48,8 @@ class OffloadManager:
         if cfg.num_cpu_blocks is not None:
             self.num_cpu_blocks = int(cfg.num_cpu_blocks)
         else:
-            self.num_cpu_blocks = int(cfg.size_gib * (1 << 30) // self.block_bytes)
+            size_gib = cfg.size_gib or 0.0  # the config requires one of the two
+            self.num_cpu_blocks = int(size_gib * (1 << 30) // self.block_bytes)
         if self.num_cpu_blocks < 1:
             raise ConfigError(f"host_offload holds no block: size_gib {cfg.size_gib} < one block of "
                               f"{self.block_bytes} bytes")

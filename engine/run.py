@@ -279,6 +279,10 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
             "simulated_span_ms": loop.now,
             "wall_time_s": round(time.perf_counter() - wall_start, 3),
             "engine_core": core_kind(),  # compiled (mypyc) or python: same outputs, not the same speed
+            # calls of Scheduler.schedule (an idle or preempting call builds no step); the other steps
+            # were fast-forwarded in decode windows (engine/decode_window.py). A speed diagnostic,
+            # not a result: it differs with fast_forward, the totals do not.
+            "schedule_calls": sum(c.schedule_calls for c in cores),
             "totals": totals,
             "warnings": warnings,
             "timing": {"backend": config.timing.backend, "uncalibrated": setup.uncalibrated},
