@@ -38,6 +38,9 @@ WORKLOADS: dict[str, tuple[str, str, list[str]]] = {
     "reuse-50k-16rps-first20k": ("reuse-50k-16rps", "reuse.yaml", ["load.max_requests=20000"]),
     "reuse-20k-smallkv": ("reuse-20k-8rps", "reuse.yaml", ["load.max_requests=6000", "kv_cache.num_gpu_blocks=12000"]),
     "mooncake-0.25x": ("mooncake-0.25x", "mooncake-0.25x.yaml", []),
+    "mooncake-0.5x": ("mooncake-0.5x", "mooncake-0.5x.yaml", []),
+    "mooncake-smallkv-g2": ("mooncake-smallkv-g2", "mooncake-smallkv-g2.yaml", []),
+    "ref-g2": ("ref-g2", "ref-g2.yaml", []),
     "fleet32-first15k": ("synth-100k-fleet32", "synth-100k-fleet32.yaml", ["load.max_requests=15000"]),
 }
 OUTPUTS = ("requests.parquet", "steps.parquet", "chunks.parquet")

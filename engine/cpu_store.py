@@ -338,6 +338,34 @@ class RunLRUStore:
             seg = seg.next
         return None
 
+    def _evict_front(self, needed: int, ready_below: int) -> bool:
+        """Evict the ``needed`` least recent keys of completely written batches, when no key is
+        pinned or named by the call (the common case: what _plan_evictions would choose, without
+        planning): whole runs leave, the last one may be cut. False, and nothing changes, when there
+        are fewer such keys."""
+        head = self.head
+        seg = head.next
+        avail = 0
+        while avail < needed:
+            if seg is head:
+                return False
+            if seg.batch < ready_below:
+                avail += len(seg.rng)
+            seg = seg.next
+        seg = head.next
+        while needed:
+            nxt = seg.next
+            if seg.batch < ready_below:
+                n = len(seg.rng)
+                if n <= needed:
+                    self._unlink(seg)
+                    needed -= n
+                else:
+                    self._cut(seg, 0, needed)
+                    needed = 0
+            seg = nxt
+        return True
+
     def store(self, runs: list[range], batch: int, capacity: int, ready_below: int) -> tuple[int, int | None]:
         groups = self.groups
         held = 0
@@ -349,15 +377,19 @@ class RunLRUStore:
         need = new - (capacity - self.size)
         evicted = 0
         if need > 0:
-            plan = self._plan_evictions(need, ready_below, runs if held else None)
-            if plan is None:
-                return new, None
-            for seg, spans in plan:
-                if len(spans) == 1 and spans[0][0] == 0 and spans[0][1] == len(seg.rng):
-                    self._unlink(seg)  # the common case: a whole run leaves
-                    continue
-                for s0, s1 in reversed(spans):  # highest first: lower positions stay valid
-                    self._cut(seg, s0, s1)
+            if not held and not self.pins:  # nothing to skip but unwritten batches: evict the front
+                if not self._evict_front(need, ready_below):
+                    return new, None
+            else:
+                plan = self._plan_evictions(need, ready_below, runs if held else None)
+                if plan is None:
+                    return new, None
+                for seg, spans in plan:
+                    if len(spans) == 1 and spans[0][0] == 0 and spans[0][1] == len(seg.rng):
+                        self._unlink(seg)  # a whole run leaves
+                        continue
+                    for s0, s1 in reversed(spans):  # highest first: lower positions stay valid
+                        self._cut(seg, s0, s1)
             evicted = need
             self.size -= need
         if held:

@@ -106,3 +106,22 @@ def test_run_store_keeps_a_trace_block_as_one_run():
                 128, 0 if tag * 2 + c < 2 else 128)
     assert len(store) == 256
     assert store.num_segments() == 8
+
+
+@pytest.mark.parametrize("store_class", [KeyLRUStore, RunLRUStore])
+def test_eviction_skips_a_batch_still_being_written(store_class):
+    # A (2 keys, batch 0) then B (2 keys, batch 1); a touch makes A the most recent, so the LRU
+    # order is B, A. C (1 key, batch 2) needs one slot while batch 1's copy is still running
+    # (ready_below = 1): B may not be evicted although it is least recent, so A's first key goes.
+    bs = 16
+    a, b, c = (range(k * 1000, k * 1000 + 2 * bs, bs) for k in (1, 2, 3))
+    store = store_class(bs)
+    assert store.store([a], 0, 4, 10) == (2, 0)
+    assert store.store([b], 1, 4, 10) == (2, 0)
+    store.touch([a])
+    assert store.store([c[:1]], 2, 4, 1) == (1, 1)
+    # A is touched in reverse prefix order (head most recent), so its tail key is the oldest.
+    assert store.lru_items() == [(b[1], 1), (b[0], 1), (a[0], 0), (c[0], 2)]
+    # Nothing is complete (ready_below = 0): no room can be made, and nothing changes.
+    assert store.store([range(5000, 5000 + bs, bs)], 3, 4, 0) == (1, None)
+    assert len(store) == 4
