@@ -12,9 +12,12 @@ Runs. The free queue is a sequence of runs, one entry per free call and kind, ol
 - anonymous runs ``[count, counted_as_eviction]``: free blocks nobody can find again (never full,
   or private: full but findable by nobody, engine/kv_cache_manager.py) are interchangeable, so a
   run only counts them;
-- registered runs ``[blocks, keys, next, stale]``: blocks in the prefix-cache map, in eviction
-  order. ``where`` maps each free registered block to its run; a hit on a free block (touch)
-  removes it from ``where`` and leaves a stale entry that allocation skips.
+- registered runs ``[blocks, keys, next, stale, tracked]``: blocks in the prefix-cache map, in
+  eviction order. A free block that is the first cached copy of a trace-named key has its run id
+  in its table slot (``fruns``, aligned with the tables like ``refs``: a run freed inside one trace
+  block is one slice assignment); any other free registered block is in ``where`` (block -> run
+  id), and ``tracked`` counts how many of the run's blocks went there (0: allocation need not look).
+  A hit on a free block (touch) clears its run id and leaves a stale entry that allocation skips.
 An allocation consumes runs from the head by slicing. Block ids are handed out fresh (a counter) and
 live as long as a block's contents: the id of a registered block is dropped when its key is
 evicted. Same decisions, evictions and outputs as one entry per block (tests/reference_block_pool.py,
@@ -25,8 +28,9 @@ Reference counts. A block that is the first cached copy of a trace-named key (a 
 trace-block table, below) has its reference count in ``refs``, a list aligned with its table: a hit
 on a popular prefix that other running requests hold is a list update per block, no dict operation,
 and hits and frees are handed the keys' runs (``touch``, ``num_free_among``, ``free_blocks``) so
-they find the slots without a lookup. Any other block (a key unique to a request, a further copy,
-a block not yet registered) is in use exactly when it is not in ``where``, with ``extra_refs``
+they find the slots without a lookup; such a block is free exactly when its count is 0. Any other
+block (a key unique to a request, a further copy, a block not yet registered) is in use exactly
+when it is not in ``where``, with ``extra_refs``
 counting its references beyond the first. A further copy promoted to first copy (its primary
 evicted) takes its count into the table. vLLM keeps ``ref_cnt`` on the block object; the count is
 the same, only where it is kept differs.
@@ -43,7 +47,7 @@ decisions: the per-block reference (tests/reference_block_pool.py) keeps one dic
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from itertools import repeat
 from typing import Final, cast
 
@@ -66,8 +70,8 @@ def _require(ok: bool, message: str) -> None:
 
 
 class BlockPool:
-    __slots__ = ("num_gpu_blocks", "block_size", "extra_refs", "groups", "refs", "unique", "dups", "free_queue",
-                 "where",
+    __slots__ = ("num_gpu_blocks", "block_size", "extra_refs", "groups", "refs", "fruns", "unique", "dups",
+                 "free_queue", "where",
                  "num_free", "num_evictions", "_next_id", "_next_run", "uncached_first", "version", "watched",
                  "watch_hit", "free_version")
 
@@ -86,11 +90,13 @@ class BlockPool:
         self.groups: dict[int, list[int]] = {}
         # Reference counts of the tables' blocks, per slot (aligned with groups; 0: free or empty).
         self.refs: dict[int, list[int]] = {}
+        # The free-queue run of each free slot block (aligned with groups; 0: in use or empty).
+        self.fruns: dict[int, list[int]] = {}
         self.unique: dict[int, int] = {}
         self.dups: dict[int, list[int]] = {}  # key -> further copies (rare)
-        # run id -> [count, evicts] (anonymous) or [blocks, keys, next, stale] (registered)
+        # run id -> [count, evicts] (anonymous) or [blocks, keys, next, stale, tracked] (registered)
         self.free_queue: OrderedDict[int, list] = OrderedDict({0: [num_gpu_blocks - 1, False]})
-        self.where: dict[object, int] = {}  # free registered block -> its run id
+        self.where: dict[object, int] = {}  # free registered block outside the slots -> its run id
         self.num_free = num_gpu_blocks - 1
         self.num_evictions = 0
         self._next_id = 1
@@ -171,22 +177,28 @@ class BlockPool:
             table = [0] * length
             self.groups[tid] = table
             self.refs[tid] = [0] * length
+            self.fruns[tid] = [0] * length
         elif len(table) < length:
             grow = [0] * (length - len(table))
             table.extend(grow)
             self.refs[tid].extend(grow)
+            self.fruns[tid].extend(grow)
         return table
 
     def _replace(self, key: int, b: int) -> None:
         """The first copy of a mapped ``key`` (just evicted, so unreferenced) is now the further copy
-        ``b``, whose references move into the table."""
+        ``b``, whose references, or (free) its run id, move into the table."""
         if key < 0:
             self.unique[key] = b
         else:
             tid, i = self._slot(key)
             self.groups[tid][i] = b
-            if b not in self.where:
+            rid = self.where.pop(b, 0)
+            if rid:
+                self.fruns[tid][i] = rid
+            else:
                 self.refs[tid][i] = 1 + self.extra_refs.pop(b, 0)
+                self.fruns[tid][i] = 0
 
     def _drop(self, key: int) -> None:
         """Unmap a mapped ``key``."""
@@ -196,6 +208,7 @@ class BlockPool:
         tid, i = self._slot(key)
         table = self.groups[tid]
         table[i] = 0
+        self.fruns[tid][i] = 0
         self._emptied(tid, table, 1)
 
     def _emptied(self, tid: int, table: list[int], m: int) -> None:
@@ -205,13 +218,16 @@ class BlockPool:
         if left == 0:
             del self.groups[tid]
             del self.refs[tid]
+            del self.fruns[tid]
             return
         table[0] = left
         if not table[-1]:
             refs = self.refs[tid]
+            fruns = self.fruns[tid]
             while not table[-1]:
                 table.pop()
                 refs.pop()
+                fruns.pop()
 
     def _span(self, keys: list[int], j: int, step: int) -> int:
         """End of the run of ``keys`` from ``j`` that steps by ``step`` (+-block size) inside one
@@ -245,7 +261,9 @@ class BlockPool:
             else:
                 tid, top = self._slot(keys[j])
                 table = self.groups[tid]
-                table[top - m + 1:top + 1] = [0] * m
+                zeros = [0] * m
+                table[top - m + 1:top + 1] = zeros
+                self.fruns[tid][top - m + 1:top + 1] = zeros
                 self._emptied(tid, table, m)
             j = k
 
@@ -332,7 +350,8 @@ class BlockPool:
                     del fq[rid]
                 else:
                     run[2] = nxt + 1
-                del self.where[b]
+                if run[4]:
+                    self.where.pop(b, None)  # (a slot's block is not in where)
                 self.num_evictions += 1
                 self.version += 1
                 if self.watched is not None and key in self.watched:
@@ -357,21 +376,21 @@ class BlockPool:
                     self.num_evictions += take
                 need -= take
                 continue
-            blocks, keys, nxt, stale = run
+            blocks, keys, nxt, stale, tracked = run
             end = len(blocks)
             if not stale:  # no hit took a block out of this run: a plain slice
                 stop = nxt + need if nxt + need < end else end
                 taken = blocks[nxt:stop]
                 taken_keys = keys[nxt:stop]
             else:  # skip the entries hits took out
-                where = self.where
                 taken, taken_keys = [], []
                 stop = nxt
                 while stop < end and len(taken) < need:
                     b = blocks[stop]
-                    if where.get(b) == rid:
+                    key = keys[stop]
+                    if self._free_in(b, key, rid):
                         taken.append(b)
-                        taken_keys.append(keys[stop])
+                        taken_keys.append(key)
                     else:
                         run[3] -= 1
                     stop += 1
@@ -382,7 +401,10 @@ class BlockPool:
             if taken:
                 need -= len(taken)
                 self.num_evictions += len(taken)
-                deque(map(self.where.__delitem__, taken), 0)
+                if tracked:
+                    pop = self.where.pop
+                    for b in taken:
+                        pop(b, None)  # (a slot's block is not in where)
                 self.version += 1
                 if self.watched is not None and not self.watched.isdisjoint(taken_keys):
                     self.watch_hit = True
@@ -392,6 +414,16 @@ class BlockPool:
                 else:  # every key has one copy, which must be the taken block
                     self._drop_all(taken_keys)
         return [first] if n == 1 else list(range(first, first + n))
+
+    def _free_in(self, b: int, key: int, rid: int) -> bool:
+        """Whether entry (``b``, ``key``) of registered run ``rid`` is still free there (no hit took
+        it out since; a block freed again belongs to its newer run)."""
+        if key >= 0:
+            tid, i = self._slot(key)
+            table = self.groups.get(tid)
+            if table is not None and i < len(table) and table[i] == b:
+                return self.fruns[tid][i] == rid
+        return self.where.get(b) == rid
 
     def _evict(self, b: int, key: int) -> None:
         if self.cached_get(key) == b:
@@ -446,12 +478,13 @@ class BlockPool:
         _require(table[i:i + m] == blocks[j:j + m], "prefix hits are not the table's blocks")
         refs = self.refs[tid]
         if 0 in refs[i:i + m]:
-            where = self.where
+            fruns = self.fruns[tid]
             fq = self.free_queue
             for s in range(i, i + m):
                 c = refs[s]
-                if c == 0:  # a free cached block: out of the free queue
-                    fq[where.pop(cast("list[object]", table)[s])][3] += 1
+                if c == 0:  # a free cached block: out of the free queue (its entry goes stale)
+                    fq[fruns[s]][3] += 1
+                    fruns[s] = 0
                     self.num_free -= 1
                 refs[s] = c + 1
         else:  # every one in use already (a popular prefix): counts only
@@ -554,8 +587,10 @@ class BlockPool:
         groups = self.groups
         refs_of = self.refs
         step = -self.block_size
+        rid = self._next_run  # the run the freed blocks join (taken only if any is freed)
         freed: list[object] = []
         freed_keys: list[object] = []
+        tracked: list[object] = []  # freed blocks outside the slots: they go to where
         blocks_o = cast("list[object]", blocks)
         j = 0
         for rng in runs:
@@ -566,9 +601,9 @@ class BlockPool:
             if top_key < 0 or (m > 1 and rng.step != step):  # keys unique to the request
                 for key in rng:
                     if key >= 0:
-                        self._release_slot(key, blocks_o[j], freed, freed_keys)
+                        self._release_slot(key, blocks_o[j], freed, freed_keys, rid, tracked)
                     else:
-                        self._release(blocks_o[j], key, freed, freed_keys)
+                        self._release(blocks_o[j], key, freed, freed_keys, tracked)
                     j += 1
                 continue
             tid, top = self._slot(top_key)
@@ -579,8 +614,9 @@ class BlockPool:
             seg.reverse()
             if seg == blocks[j:j + m]:  # all first copies (the common case)
                 ones = refs[lo:top + 1].count(1)
-                if ones == m:  # the last reference on each: all freed
+                if ones == m:  # the last reference on each: all freed, into run rid
                     refs[lo:top + 1] = [0] * m
+                    self.fruns[tid][lo:top + 1] = [rid] * m
                     freed.extend(blocks_o[j:j + m])
                     freed_keys.extend(rng)
                     j += m
@@ -591,20 +627,21 @@ class BlockPool:
                     j += m
                     continue
             for key in rng:
-                self._release_slot(key, blocks_o[j], freed, freed_keys)
+                self._release_slot(key, blocks_o[j], freed, freed_keys, rid, tracked)
                 j += 1
         if not freed:
             return
-        blocks, keys = cast("list[int]", freed), cast("list[int]", freed_keys)
-        rid = self._next_run
-        self._next_run += 1
-        self.free_queue[rid] = [blocks, keys, 0, 0]
-        self.where.update(zip(blocks, repeat(rid)))
-        self.num_free += len(blocks)
+        self._next_run = rid + 1
+        self.free_queue[rid] = [freed, freed_keys, 0, 0, len(tracked)]
+        if tracked:
+            self.where.update(zip(tracked, repeat(rid)))
+        self.num_free += len(freed)
 
-    def _release_slot(self, key: int, b: object, freed: list[object], freed_keys: list[object]) -> None:
+    def _release_slot(self, key: int, b: object, freed: list[object], freed_keys: list[object], rid: int,
+                      tracked: list[object]) -> None:
         """Drop a reference on ``b``, registered under the trace-named ``key``: counted in the
-        key's slot when it is the first copy, else (a further copy) by itself."""
+        key's slot when it is the first copy (freed: the slot takes run ``rid``), else (a further
+        copy) by itself."""
         tid, i = self._slot(key)
         table = cast("list[object]", self.groups[tid])
         if table[i] == b:
@@ -612,18 +649,21 @@ class BlockPool:
             c = refs[i] - 1
             refs[i] = c
             if c == 0:
+                self.fruns[tid][i] = rid
                 freed.append(b)
                 freed_keys.append(key)
         else:
-            self._release(b, key, freed, freed_keys)
+            self._release(b, key, freed, freed_keys, tracked)
 
-    def _release(self, b: object, key: object, freed: list[object], freed_keys: list[object]) -> None:
-        """Drop a reference on a block outside the tables; at zero it joins ``freed``."""
+    def _release(self, b: object, key: object, freed: list[object], freed_keys: list[object],
+                 tracked: list[object]) -> None:
+        """Drop a reference on a block outside the tables; at zero it joins ``freed`` (and ``where``)."""
         extra = self.extra_refs
         c = extra.get(b, 0)
         if c == 0:
             freed.append(b)
             freed_keys.append(key)
+            tracked.append(b)
         elif c == 1:
             del extra[b]
         else:
@@ -655,30 +695,38 @@ class BlockPool:
                 _require(run[0] > 0, f"empty run {rid}")
                 free += run[0]
                 continue
-            blocks, keys, nxt, stale = run
-            live = [(b, k) for b, k in zip(blocks[nxt:], keys[nxt:]) if self.where.get(b) == rid]
+            blocks, keys, nxt, stale, tracked = run
+            live = [(b, k) for b, k in zip(blocks[nxt:], keys[nxt:]) if self._free_in(b, k, rid)]
             _require(len(live) == len(blocks) - nxt - stale, f"run {rid}: stale count {stale} is off")
+            _require(sum(1 for b, _ in live if self.where.get(b) == rid) <= tracked,
+                     f"run {rid}: more blocks in where than its count {tracked}")
             free += len(live)
             free_keys.update(live)
-        _require(len(free_keys) == len(self.where), "where and the runs disagree")
+        in_slots = sum(len(f) - f.count(0) for f in self.fruns.values())
+        _require(len(free_keys) == len(self.where) + in_slots, "where, the slots' run ids and the runs disagree")
         _require(free == self.num_free, f"{free} free blocks counted, {self.num_free} recorded")
         _require(self.num_free + len(holders) == usable, (
             f"{self.num_free} free + {len(holders)} in use != {usable} usable blocks"))
         slot_refs: dict[int, int] = {}  # a table's block -> its slot's reference count
         for tid, table in self.groups.items():
             refs = self.refs[tid]
-            _require(len(refs) == len(table), f"table {tid}: {len(refs)} counts for {len(table)} slots")
+            fruns = self.fruns[tid]
+            _require(len(refs) == len(table) == len(fruns), f"table {tid}: {len(refs)} counts and "
+                     f"{len(fruns)} run ids for {len(table)} slots")
             for i in range(1, len(table)):
                 b = table[i]
                 if b:
-                    _require((refs[i] == 0) == (b in self.where), f"block {b}: count {refs[i]} but free is "
-                             f"{b in self.where}")
+                    _require((refs[i] == 0) == (fruns[i] != 0), f"block {b}: count {refs[i]} but run id "
+                             f"{fruns[i]}")
+                    _require(b not in self.where, f"block {b}: in a slot and in where")
                     slot_refs[b] = refs[i]
                 else:
-                    _require(refs[i] == 0, f"table {tid}: an empty slot counts {refs[i]} references")
-        _require(self.refs.keys() == self.groups.keys(), "counts kept for tables that do not exist")
+                    _require(refs[i] == 0 and fruns[i] == 0, f"table {tid}: an empty slot counts {refs[i]} "
+                             f"references, run id {fruns[i]}")
+        _require(self.refs.keys() == self.groups.keys() == self.fruns.keys(),
+                 "counts kept for tables that do not exist")
         for b, held in holders.items():
-            _require(b not in self.where, f"block {b} is held and free")
+            _require(b not in self.where and b not in free_keys, f"block {b} is held and free")
             ref_cnt = slot_refs[b] if b in slot_refs else 1 + self.extra_refs.get(b, 0)
             _require(held == ref_cnt, f"block {b}: held {held} times, ref_cnt {ref_cnt}")
         for extra_b in self.extra_refs:
