@@ -35,6 +35,7 @@ WORK = Path("/tmp/replay-compare")
 WORKLOADS: dict[str, tuple[str, str, list[str]]] = {
     "reuse-20k-8rps": ("reuse-20k-8rps", "reuse.yaml", []),
     "reuse-10k-2rps": ("reuse-10k-2rps", "reuse.yaml", []),
+    "reuse-30k-4rps": ("reuse-30k-4rps", "reuse.yaml", []),
     "reuse-50k-16rps-first20k": ("reuse-50k-16rps", "reuse.yaml", ["load.max_requests=20000"]),
     "reuse-20k-smallkv": ("reuse-20k-8rps", "reuse.yaml", ["load.max_requests=6000", "kv_cache.num_gpu_blocks=12000"]),
     "mooncake-0.25x": ("mooncake-0.25x", "mooncake-0.25x.yaml", []),

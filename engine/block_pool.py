@@ -503,7 +503,7 @@ class BlockPool:
             for s in range(i, i + m):
                 c = refs[s]
                 if c == 0:  # a free cached block: out of the free queue (its entry goes stale)
-                    fq[fruns[s]][3] += 1
+                    self._went_stale(fq, fruns[s])
                     fruns[s] = 0
                     self.num_free -= 1
                 refs[s] = c + 1
@@ -511,11 +511,23 @@ class BlockPool:
             for s in range(i, i + m):
                 refs[s] = refs[s] + 1  # (not +=: compiled, that is a generic object operation)
 
+    @staticmethod
+    def _went_stale(fq: OrderedDict[int, list], rid: int) -> None:
+        """A hit took one of run ``rid``'s free blocks out: one more stale entry, and a run with no
+        free block left leaves the queue now (allocation would otherwise walk all its entries to
+        skip them; nothing refers to it any more)."""
+        run = fq[rid]
+        stale = run[3] + 1
+        if stale == len(run[0]) - run[2]:
+            del fq[rid]
+        else:
+            run[3] = stale
+
     def _hold(self, b: object) -> None:
         """One more reference on a block outside the tables."""
         rid = self.where.pop(b, None)
         if rid is not None:
-            self.free_queue[rid][3] += 1
+            self._went_stale(self.free_queue, rid)
             self.num_free -= 1
         else:
             extra = self.extra_refs

@@ -173,3 +173,26 @@ def test_a_prefix_walk_stops_at_an_evicted_block_inside_a_trace_block(pool_class
     assert pool.num_cached_keys() == 3
     pool.get_new_blocks(3)  # b4, b3, b1
     assert pool.cached_prefix(run) == [] and pool.num_cached_keys() == 0
+
+
+def test_a_run_whose_blocks_are_all_hit_leaves_the_free_queue():
+    """A request's four registered blocks are freed (one run), then a second request hits three of
+    them: the run keeps one free block. A third request hits that one too: the run, all stale now,
+    leaves the queue at once, and the next allocation takes the never-used blocks without walking it."""
+    pool = BlockPool(11, 16)  # 10 usable blocks
+    keys = BlockKeys([7], 0, 1, 64, 16, 64, unique_tag=1)
+    run = keys.key_runs(0, 4, 16)
+    blocks = pool.get_new_blocks(4)
+    pool.cache_full_blocks(blocks, run)
+    pool.free_blocks(blocks[::-1], [run[0][::-1]], 0, 0)
+    assert len(pool.free_queue) == 2 and pool.num_free == 10
+    first_three = pool.cached_prefix([run[0][:3]])
+    pool.touch(first_three, [run[0][:3]])
+    assert len(pool.free_queue) == 2 and pool.num_free == 7  # the run still holds its last block
+    last = pool.cached_prefix(run)[3:]
+    pool.touch(last, [run[0][3:4]])
+    assert list(pool.free_queue.values()) == [[6, False]] and pool.num_free == 6
+    fresh = pool.get_new_blocks(6)
+    assert pool.num_evictions == 0 and pool.cached_prefix(run) == blocks
+    in_use = {b: k for b, k in zip(blocks, run[0])} | {b: None for b in fresh}
+    pool.check_invariants(in_use, {b: 1 for b in blocks + fresh})
