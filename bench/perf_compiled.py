@@ -24,7 +24,10 @@ _PREFIX = "CPyDef_"
 
 def read_stacks(data: str) -> list[list[str]]:
     """Each sample's symbols, innermost first (``perf script -F ip,sym``)."""
-    proc = subprocess.run(["perf", "script", "-i", data, "-F", "ip,sym"], capture_output=True, text=True)
+    try:
+        proc = subprocess.run(["perf", "script", "-i", data, "-F", "ip,sym"], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise SystemExit("perf is not installed (apt-get install linux-perf)") from None
     if proc.returncode:
         raise SystemExit(f"perf script failed on {data}: {proc.stderr.strip()[-500:]}")
     stacks: list[list[str]] = []

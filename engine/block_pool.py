@@ -382,33 +382,13 @@ class BlockPool:
                 stop = nxt + need if nxt + need < end else end
                 taken = blocks[nxt:stop]
                 taken_keys = keys[nxt:stop]
-            else:  # skip the entries hits took out (_free_in, inlined: a run's keys share tables)
+            else:  # skip the entries hits took out
                 taken, taken_keys = [], []
                 stop = nxt
-                bs = self.block_size
-                groups, fruns_of, where = self.groups, self.fruns, self.where
-                last_tid = -1
-                table: list[int] = []
-                fruns: list[int] = []
                 while stop < end and len(taken) < need:
                     b = blocks[stop]
                     key = keys[stop]
-                    if key >= 0:
-                        g = key // _ID_STRIDE
-                        off = key - g * _ID_STRIDE
-                        tid = g * bs + off % bs
-                        i = 1 + off // bs
-                        if tid != last_tid:
-                            last_tid = tid
-                            table = groups.get(tid, [])
-                            fruns = fruns_of.get(tid, [])
-                        if i < len(table) and table[i] == b:
-                            live = fruns[i] == rid
-                        else:
-                            live = where.get(b) == rid
-                    else:
-                        live = where.get(b) == rid
-                    if live:
+                    if self._free_in(b, key, rid):
                         taken.append(b)
                         taken_keys.append(key)
                     else:
