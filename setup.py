@@ -30,6 +30,8 @@ NATIVE_SOURCES = [
     "engine/offload.py",
     "engine/recorder.py",
     "engine/core.py",
+    "engine/timing/roofline_decode.py",
+    "engine/timing/aic_decode.py",
 ]
 MANIFEST = "engine/_native_build.json"
 

@@ -43,6 +43,7 @@ WORKLOADS: dict[str, tuple[str, str, list[str]]] = {
     "mooncake-smallkv-g2": ("mooncake-smallkv-g2", "mooncake-smallkv-g2.yaml", []),
     "ref-g2": ("ref-g2", "ref-g2.yaml", []),
     "fleet32-first15k": ("synth-100k-fleet32", "synth-100k-fleet32.yaml", ["load.max_requests=15000"]),
+    "mooncake-0.25x-aic": ("mooncake-0.25x", "mooncake-0.25x-aic.yaml", []),
 }
 OUTPUTS = ("requests.parquet", "steps.parquet", "chunks.parquet")
 

@@ -46,7 +46,7 @@ class EngineCore:
         self.spec_k = scheduler.limits.num_spec_tokens
         self.ff_ok = fast_forward and self.spec_k == 0
         self.check_invariants = check_invariants
-        self._step_terms = getattr(timer, "decode_step_terms", None)  # compiled window timing, if any
+        self._decode_run = getattr(timer, "decode_run", None)  # compiled window timing, if any
         self.now = 0.0  # this replica's clock: the end of its step or window in flight
         self.step_idx = 0
         self.schedule_calls = 0  # steps built by the scheduler (the rest are decode windows'); run.json
@@ -129,7 +129,7 @@ class EngineCore:
             on_finished = self.on_finished
             finished: list[Request] | None = [] if on_finished is not None else None
             end, taken = run_decode_window(sched, self.timer.step_ms, self.rec, now, horizon(self),
-                                           self.step_idx, replica=self.replica, step_terms=self._step_terms,
+                                           self.step_idx, replica=self.replica, decode_run=self._decode_run,
                                            finished=finished, finish_is_quiet=self.finish_is_quiet)
             if taken:
                 self.step_idx += taken

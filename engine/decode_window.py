@@ -44,6 +44,7 @@ import numpy as np
 from engine.recorder import Recorder
 from engine.request import Request
 from engine.scheduler import Scheduler
+from engine.timing.base import DecodeRun
 
 
 def _next_alloc_step(r, base: int, bs: int) -> int:
@@ -65,14 +66,14 @@ _STORE: Final = 2
 
 def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next_event_ms: float,
                       step_idx: int, min_steps: int = 3, replica: int = 0,
-                      step_terms: Callable[[int], tuple[float, float, float, float, float]] | None = None,
+                      decode_run: Callable[[int], DecodeRun | None] | None = None,
                       finished: list[Request] | None = None,
                       finish_is_quiet: Callable[[Request], bool] | None = None) -> tuple[float, int]:
     """Fast-forward decode-only steps from ``now``; returns (new now, steps taken).
 
-    ``step_terms(nrun)``: the timer's terms of a decode-only step (RooflineTimer.decode_step_terms),
-    from which decode_step_times times the steps bit-identically to ``step_ms``; without it every
-    step is timed by ``step_ms``.
+    ``decode_run(nrun)``: the timer's DecodeRun for a window of ``nrun`` requests
+    (engine/timing/base.py), which times runs of steps in compiled code bit-identically to
+    ``step_ms``; without it (or when it gives None) every step is timed by ``step_ms``.
 
     ``finished``: when given, the window may end with the step that finishes requests (see the
     module doc) and appends them there, in running order, already freed; the caller records them.
@@ -118,14 +119,14 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     # starts before the next event.
     durations: list[float] = []
     times = [now]
-    terms = step_terms(nrun) if step_terms is not None else None
+    run = decode_run(nrun) if decode_run is not None else None
     batch = [16]
 
     def extend() -> None:
         k = min(batch[0], cap - len(durations))
         c = ctx0 + len(durations) * nrun
-        if terms is not None:
-            decode_step_times(terms, nrun, c, k, durations, times)
+        if run is not None:
+            run.extend(c, k, durations, times)
         else:
             new = list(map(step_ms, repeat(0, k), repeat(0, k), repeat(0, k), repeat(0, k), repeat(nrun, k),
                            repeat(nrun, k), range(c, c + k * nrun, nrun), repeat(0, k)))
@@ -242,26 +243,6 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
                                  replica=replica, last_running=num_running_after)
     rec.emit_decode_chunks([r.idx for r in running], ends)
     return times[s], s
-
-
-def decode_step_times(terms: tuple[float, float, float, float, float], nrun: int, ctx: int, count: int,
-                      durations: list[float], times: list[float]) -> None:
-    """Append ``count`` decode-only steps of ``nrun`` requests whose context starts at ``ctx``: each
-    duration as RooflineTimer.step_ms computes it, from its decode_step_terms, in the same order of
-    operations (bit-identical, tests/test_timing_roofline.py), and each end time as the previous
-    plus the duration. Compiled, this is a few nanoseconds a step with no numpy call per window."""
-    t, kv_c, da_c, tail, host = terms
-    cur = times[-1]
-    for _ in range(count):
-        dm = ctx * kv_c
-        dc = ctx * nrun / nrun * da_c
-        d = t + (dm if dm > dc else dc)
-        d += tail
-        d = d + host
-        durations.append(d)
-        cur = cur + d
-        times.append(cur)
-        ctx += nrun
 
 
 def _finishes_at(r: Request, max_model_len: int) -> int:

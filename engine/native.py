@@ -1,12 +1,12 @@
 """Which engine modules run compiled (mypyc, built by setup.py) and which from their Python source.
 
-The hot loop (scheduler, KV cache manager, block pool, block keys, requests, decode windows) is
-compiled at install time when a C compiler is available: the same sources, about twice as fast,
-byte-identical outputs. Python would import a compiled module in preference to its source even
-after the source was edited, so this module checks each one against the digest its build
-recorded and imports an edited (or not compiled) module from source. ``REPLAY_PURE_PYTHON=1``
-forces every module to source (the test suite runs that way; tests/test_native_core.py checks
-that both give the same bytes).
+The hot loop (scheduler, KV cache manager, block pool, block keys, requests, decode windows and the
+timers' window timing, G2 tier, recorder, replica step halves) is compiled at install time when a
+C compiler is available: the same sources, about twice as fast, byte-identical outputs. Python
+would import a compiled module in preference to its source even after the source was edited, so
+this module checks each one against the digest its build recorded and imports an edited (or not
+compiled) module from source. ``REPLAY_PURE_PYTHON=1`` forces every module to source (the test
+suite runs that way; tests/test_native_core.py checks that both give the same bytes).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ NATIVE_MODULES = (
     "engine.offload",
     "engine.recorder",
     "engine.core",
+    "engine.timing.roofline_decode",
+    "engine.timing.aic_decode",
 )
 PURE_ENV = "REPLAY_PURE_PYTHON"
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -37,13 +39,19 @@ _MANIFEST = _PACKAGE_DIR / "_native_build.json"
 
 
 def _source(name: str) -> Path:
-    return _PACKAGE_DIR / (name.rsplit(".", 1)[1] + ".py")
+    """engine.timing.aic_decode -> .../engine/timing/aic_decode.py"""
+    return _PACKAGE_DIR.joinpath(*name.split(".")[1:]).with_suffix(".py")
+
+
+def _manifest_key(name: str) -> str:
+    """The source's path as setup.py records it: engine/timing/aic_decode.py"""
+    return name.replace(".", "/") + ".py"
 
 
 def _compiled_file(name: str) -> Path | None:
-    stem = name.rsplit(".", 1)[1]
+    src = _source(name)
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = _PACKAGE_DIR / (stem + suffix)
+        path = src.with_name(src.stem + suffix)
         if path.exists():
             return path
     return None
@@ -61,7 +69,7 @@ def _up_to_date() -> set[str]:
     fresh = set()
     for name in NATIVE_MODULES:
         src = _source(name)
-        rel = f"engine/{src.name}"
+        rel = _manifest_key(name)
         if _compiled_file(name) is None or rel not in built:
             continue
         try:

@@ -75,3 +75,18 @@ def run_small(rows: list[dict], tmp_path: Path, *, num_gpu_blocks: int, config: 
     chunks = pd.read_parquet(out / "chunks.parquet")
     steps = pd.read_parquet(out / "steps.parquet")
     return reqs, chunks, steps, summary.run_info
+
+
+def assert_decode_run_is_step_ms(windowed, stepped, nrun: int, ctx0: int, count: int, start: float = 12.5) -> None:
+    """``windowed.decode_run(nrun)`` must time ``count`` decode-only steps from summed context ``ctx0``
+    exactly as ``stepped.step_ms`` does one by one (a single differing bit changes a replay's
+    outputs), and give each end time as the running sum of the durations from ``start``."""
+    durations: list[float] = []
+    times = [start]
+    windowed.decode_run(nrun).extend(ctx0, count, durations, times)
+    scalar = [stepped.step_ms(0, 0, 0, 0, nrun, nrun, ctx0 + i * nrun, 0) for i in range(count)]
+    assert durations == scalar
+    t = start
+    for i, d in enumerate(scalar):
+        t += d
+        assert times[i + 1] == t

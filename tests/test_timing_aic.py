@@ -13,6 +13,7 @@ from engine.timing.aic import aic_available
 from engine.timing.grid import compare, grid
 from engine.timing.roofline import RooflineTimer
 from replay.errors import ConfigError
+from tests.engine_helpers import assert_decode_run_is_step_ms
 
 H200 = get_hardware("h200_sxm")
 needs_aic = pytest.mark.skipif(not aic_available(), reason="aiconfigurator-core not installed "
@@ -100,7 +101,8 @@ def _rust_samples(a):
 def test_integer_samples_match_aiconfigurators_float_formula():
     import random
 
-    from engine.timing.aic import _BREAKS, _samples
+    from engine.timing.aic_decode import BREAKS as _BREAKS
+    from engine.timing.aic_decode import samples as _samples
     rng = random.Random(0)
     values = [*range(0, 1 << 17), *(rng.randrange(1 << 17, 1 << 40) for _ in range(20000))]
     assert all(_samples(a) == _rust_samples(a) for a in values)
@@ -153,9 +155,9 @@ def _decode_points(seed, count):
 
 
 def _on_table(timer, n, a):
-    from engine.timing.aic import _LINEAR, _MIN_DECODE_KV, _samples
+    from engine.timing.aic_decode import LINEAR, MIN_DECODE_KV, samples
     tab = timer._tables[n]
-    return a >= _MIN_DECODE_KV and all(tab.state[(s - 1).bit_length() - 1] == _LINEAR for s in _samples(a))
+    return a >= MIN_DECODE_KV and all(tab.state[(s - 1).bit_length() - 1] == LINEAR for s in samples(a))
 
 
 @needs_aic
@@ -226,4 +228,18 @@ def test_aic_exact_config_prices_every_step_directly():
         direct = t._fpm.estimate_forward_pass_time_ms(json.dumps(
             {"scheduled_requests": {"num_decode_requests": n, "sum_decode_kv_tokens": kv}}))
         assert t.step_ms(0, 0, 0, 0, n, n, kv, 0) == direct
-    assert not t._tables
+    assert not t._tables and t.decode_run(7) is None  # decode windows call step_ms, one direct call a step
+
+
+@needs_aic
+def test_decode_windows_time_steps_bit_identically_to_step_ms():
+    """Decode windows time runs of steps with decode_run(n).extend (compiled with the engine core);
+    one differing bit would change the outputs, so every duration must equal step_ms for that step
+    and every end time the running sum. The runs cross segment lines, two-line ranges and
+    interpolation cells (short contexts and long ones past the measured table)."""
+    from engine.timing.aic import AicTimer
+    m = get_model("meta-llama/Llama-3.1-8B")
+    for n, ctx0 in ((1, 1), (1, 40_000), (3, 3 * 1021 + 2), (17, 17 * 8190), (64, 64 * 7_000), (256, 256 * 900)):
+        windowed = AicTimer(m, H200, host_overhead_ms=1.25)
+        stepped = AicTimer(m, H200, host_overhead_ms=1.25)  # its own fits and memories: no sharing
+        assert_decode_run_is_step_ms(windowed, stepped, n, ctx0, 700, start=7.5)

@@ -12,6 +12,7 @@ from engine.models import get_model
 from engine.timing import build_timer, shape_from_requests
 from engine.timing.roofline import RooflineParams, RooflineTimer
 from replay.errors import ConfigError
+from tests.engine_helpers import assert_decode_run_is_step_ms
 
 H200 = get_hardware("h200_sxm")
 
@@ -182,21 +183,12 @@ def test_params_from_profile_replace():
 @pytest.mark.parametrize("model,tp", [("meta-llama/Llama-3.1-8B", 1), ("meta-llama/Llama-3.1-70B", 4),
                                       ("Qwen/Qwen3-30B-A3B", 1), ("deepseek-ai/DeepSeek-V3", 8)])
 def test_decode_window_step_times_are_bit_identical_to_step_ms(model, tp):
-    """Decode windows time runs of steps from decode_step_terms in compiled code; a single
+    """Decode windows time runs of steps from decode_run (decode_step_terms) in compiled code; a single
     differing bit would change the outputs, so every step must equal the scalar step_ms exactly,
     and every start time the running sum of the durations."""
     from engine.config import EngineConfig
-    from engine.decode_window import decode_step_times
     from engine.timing import build_timer
 
     timer = build_timer(EngineConfig(model=model, tensor_parallel_size=tp))
     for nrun, ctx0 in ((1, 1), (3, 4097), (17, 123_457), (256, 2_000_003)):
-        durations: list[float] = []
-        times = [12.5]
-        decode_step_times(timer.decode_step_terms(nrun), nrun, ctx0, 300, durations, times)
-        scalar = [timer.step_ms(0, 0, 0, 0, nrun, nrun, ctx0 + i * nrun, 0) for i in range(300)]
-        assert durations == scalar
-        t = 12.5
-        for i, d in enumerate(scalar):
-            t += d
-            assert times[i + 1] == t
+        assert_decode_run_is_step_ms(timer, timer, nrun, ctx0, 300)

@@ -36,6 +36,18 @@ class StepBreakdown:
     parts: dict[str, float] = field(default_factory=dict)  # linear, prefill_attn, decode_attn, comm, layer_overhead, drafter...
 
 
+class DecodeRun(Protocol):
+    """Times a decode window's steps (engine/decode_window.py) in compiled code: a timer's
+    ``decode_run(nrun)`` gives one for a window of ``nrun`` decode-only requests (one token each,
+    no drafts). Each appended duration must equal ``step_ms`` for that step bit for bit (a single
+    differing bit changes the outputs); a timer without ``decode_run`` is called per step."""
+
+    def extend(self, ctx: int, count: int, durations: list[float], times: list[float]) -> None:
+        """Append ``count`` steps whose summed decode context starts at ``ctx`` and grows by nrun a
+        step: each duration, and each end time as the previous one plus the duration."""
+        ...
+
+
 class StepTimer(Protocol):
     """Backends implement this. ``step_ms`` must be fast (< 5 us): it is called once per step."""
 

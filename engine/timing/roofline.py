@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 from engine.hardware import HardwareProfile
 from engine.models import ModelSpec
 from engine.timing.base import StepBreakdown, StepShape
+from engine.timing.roofline_decode import RooflineDecodeRun
 
 _BYTES = {"bf16": 2, "fp8": 1}
 _ACT_BYTES = 2  # activations all-reduced in BF16 (vLLM keeps the residual stream in the model dtype)
@@ -201,12 +202,16 @@ class RooflineTimer:
         soon a request can finish (engine/fleet.py)."""
         return self.step_ms(1, 1, 0, 0, 0, 0, 0, 0)
 
+    def decode_run(self, nrun: int) -> RooflineDecodeRun:
+        """The DecodeRun (engine/timing/base.py) of a decode window of ``nrun`` requests."""
+        return RooflineDecodeRun(self.decode_step_terms(nrun), nrun)
+
     def decode_step_terms(self, nrun: int) -> tuple[float, float, float, float, float]:
         """The terms of ``step_ms`` for a decode-only step of ``nrun`` requests (one token each, no
         drafts), so decode windows can time a run of steps in compiled code: (t, kv_c, da_c, tail,
         host) where a step over ``ctx`` context tokens lasts
         ``((t + max(ctx * kv_c, ctx * nrun / nrun * da_c)) + tail) + host``, evaluated in exactly
-        that order (engine/decode_window.decode_step_times; tests/test_timing_roofline.py requires
+        that order (engine/timing/roofline_decode.py; tests/test_timing_roofline.py requires
         bit-identical results). The first lines repeat step_ms's on purpose: step_ms stays one flat
         function (it is called for every step), and the test fails if the two drift."""
         T = nrun
