@@ -122,7 +122,7 @@ def test_aiconfigurator_reads_decode_kv_as_sum_floordiv_count(aic_timers):
     """The memo key and the tables use a = sum // n: check aiconfigurator does, bit for bit."""
     import json
     import random
-    fpm = aic_timers["meta-llama/Llama-3.1-8B"]._fpm
+    fpm = aic_timers["meta-llama/Llama-3.1-8B"].forward_pass_model()
     rng = random.Random(1)
 
     def call(req):
@@ -225,7 +225,7 @@ def test_aic_exact_config_prices_every_step_directly():
                                        "timing.host_overhead_ms=0"]))
     assert t.exact and not build_timer(load_config(None, ["timing.backend=aic"])).exact
     for n, kv in ((1, 5000), (7, 7 * 12345 + 3), (64, 64 * 40000)):
-        direct = t._fpm.estimate_forward_pass_time_ms(json.dumps(
+        direct = t.forward_pass_model().estimate_forward_pass_time_ms(json.dumps(
             {"scheduled_requests": {"num_decode_requests": n, "sum_decode_kv_tokens": kv}}))
         assert t.step_ms(0, 0, 0, 0, n, n, kv, 0) == direct
     assert not t._tables and t.decode_run(7) is None  # decode windows call step_ms, one direct call a step
@@ -243,3 +243,20 @@ def test_decode_windows_time_steps_bit_identically_to_step_ms():
         windowed = AicTimer(m, H200, host_overhead_ms=1.25)
         stepped = AicTimer(m, H200, host_overhead_ms=1.25)  # its own fits and memories: no sharing
         assert_decode_run_is_step_ms(windowed, stepped, n, ctx0, 700, start=7.5)
+
+
+@needs_aic
+def test_table_load_overlaps_the_caller_and_the_first_call_waits_for_it():
+    """aiconfigurator loads its kernel tables on its first estimate (0.2-0.4 s, GIL released): the
+    timer starts that on a thread when built, and its first call waits for the thread (the model is
+    never used by two threads at once); the values are those of any other timer."""
+    from engine.timing.aic import AicTimer
+    m = get_model("meta-llama/Llama-3.1-8B")
+    t = AicTimer(m, H200, host_overhead_ms=0.0)
+    loading = t._loading
+    assert loading is not None and loading.daemon
+    value = t.kernel_ms(1, 3000, 500, 0, 4, 4 * 2000)
+    assert t._loading is None and not loading.is_alive()
+    other = AicTimer(m, H200, host_overhead_ms=0.0)
+    other.forward_pass_model()
+    assert other.kernel_ms(1, 3000, 500, 0, 4, 4 * 2000) == value

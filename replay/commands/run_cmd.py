@@ -43,11 +43,11 @@ def run(
             raise typer.BadParameter("--on-error takes fail or skip")
         check_output_dir(outdir, overwrite=overwrite, inputs=[trace, config])  # fail before the long part
         cfg, source = resolve_config(config, set_)
-        options = {k: v for k, v in (("format", trace_format), ("block_size", block_size)) if v is not None}
-        table, meta = load_any_trace(trace, **options)
         from engine.run import replay_trace, resolve_setup
 
-        setup = resolve_setup(cfg)
+        setup = resolve_setup(cfg)  # first: a timer may go on loading its tables while the trace loads
+        options = {k: v for k, v in (("format", trace_format), ("block_size", block_size)) if v is not None}
+        table, meta = load_any_trace(trace, **options)
         total = cfg.load.max_requests and min(cfg.load.max_requests, table.num_rows) or table.num_rows
         started = time.perf_counter()
         if quiet:
