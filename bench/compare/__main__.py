@@ -1,7 +1,7 @@
 """python -m bench.compare: replay vs AISimulate, side by side, on one trace or the named workloads.
 
     python -m bench.compare --trace T --config ours.yaml [--name N] [--out bench/compare/results]
-    python -m bench.compare --workload NAME | --all | --list   [--side both|ours|peer]
+    python -m bench.compare --workload NAME | --all | --list   [--side both|ours|peer] [--reps N]
 
 Run from the repository root. AISimulate is looked up at $AISIMULATE or ~/aisim/bin/aisimulate.
 """
@@ -40,7 +40,7 @@ def _previous(out: Path, name: str) -> dict | None:
 
 
 def _run(job: Job, args: argparse.Namespace) -> dict:
-    result = compare(job, sides=args.side, previous=_previous(args.out, job.name))
+    result = compare(job, sides=args.side, previous=_previous(args.out, job.name), reps=args.reps)
     report.print_table(result, console)
     json_path, md_path = report.save(result, args.out)
     console.print(f"saved {json_path} and {md_path}", highlight=False)
@@ -67,7 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--side", choices=["both", "ours", "peer"], default="both",
                     help="run one side only; the other is carried over from an earlier identical comparison")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per process (default: workload's, 1800)")
+    ap.add_argument("--reps", type=int, default=1,
+                    help="run both sides this many times, alternating which goes first; speed from the median walls")
     args = ap.parse_args(argv)
+    if args.reps < 1:
+        ap.error("--reps takes a positive count")
 
     try:
         if args.trace is not None:

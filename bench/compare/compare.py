@@ -12,6 +12,7 @@ import datetime as dt
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,8 +174,14 @@ def agreement(ours: dict[str, Any] | None, peer: dict[str, Any] | None, backend:
     return out
 
 
-def compare(job: Job, *, sides: str = "both", previous: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run the comparison; ``sides`` is both|ours|peer, the other side carried from ``previous``."""
+def compare(job: Job, *, sides: str = "both", previous: dict[str, Any] | None = None,
+            reps: int = 1) -> dict[str, Any]:
+    """Run the comparison; ``sides`` is both|ours|peer, the other side carried from ``previous``.
+
+    ``reps`` > 1 runs both sides that many times, alternating which goes first (peer, ours, ours,
+    peer, ...), so the machine's drift hits both alike: the speed is then the ratio of the median
+    walls, with every run's wall and every pair's ratio recorded. Metrics are the last run's (each
+    run of a side gives the same outputs)."""
     cfg = load_config(job.config)
     prepared = prepare(job.trace, job.workdir, max_requests=cfg.load.max_requests, sessions=job.sessions)
     tr = translate(cfg, PeerTraffic(path=str(prepared.peer_path.resolve()), block_size=prepared.peer_block_size))
@@ -196,21 +203,36 @@ def compare(job: Job, *, sides: str = "both", previous: dict[str, Any] | None = 
     }
     same = previous is not None and previous.get("peer_config") == tr.peer and \
         previous.get("config", {}).get("ours") == result["config"]["ours"]
-    for side, runner in (("peer", lambda: run_peer(job, tr.peer, speculative)),
-                         ("ours", lambda: run_ours(job, prepared.ours_path))):
-        if sides in ("both", side):
-            result[side] = runner()
-        elif same and previous.get(side, {}).get("status") == "ok":
-            result[side] = {**previous[side], "carried_from": previous.get("date_utc")}
-        else:
-            result[side] = {"status": "not_run", "reason": f"--side {sides}"}
+    runners = (("peer", lambda: run_peer(job, tr.peer, speculative)),
+               ("ours", lambda: run_ours(job, prepared.ours_path)))
+    walls: dict[str, list[float]] = {"peer": [], "ours": []}
+    for rep in range(reps if sides == "both" else 1):
+        for side, runner in (runners if rep % 2 == 0 else runners[::-1]):
+            if sides in ("both", side):
+                if rep and result[side].get("status") != "ok":
+                    continue  # a side that failed is not run again
+                result[side] = runner()
+                if result[side].get("status") == "ok":
+                    walls[side].append(result[side]["process"]["wall_s"])
+            elif same and previous.get(side, {}).get("status") == "ok":
+                result[side] = {**previous[side], "carried_from": previous.get("date_utc")}
+            else:
+                result[side] = {"status": "not_run", "reason": f"--side {sides}"}
 
     ours_m = result["ours"].get("metrics") if result["ours"].get("status") == "ok" else None
     peer_m = result["peer"].get("metrics") if result["peer"].get("status") == "ok" else None
     speed: dict[str, Any] = {}
     if ours_m is not None and peer_m is not None:
         ow, pw = result["ours"]["process"]["wall_s"], result["peer"]["process"]["wall_s"]
+        if len(walls["ours"]) > 1 and len(walls["ours"]) == len(walls["peer"]):
+            ow, pw = statistics.median(walls["ours"]), statistics.median(walls["peer"])
+            for side in ("ours", "peer"):  # the medians are what the tables show
+                result[side]["process"] = {**result[side]["process"], "wall_s": statistics.median(walls[side]),
+                                           "wall_s_runs": walls[side]}
         speed = {"ours_over_peer_wall": ow / pw, "peer_over_ours_wall": pw / ow, "ours_not_slower": ow <= pw}
+        if len(walls["ours"]) > 1 and len(walls["ours"]) == len(walls["peer"]):
+            speed["reps"] = len(walls["ours"])
+            speed["pair_ratios"] = [o / p for o, p in zip(walls["ours"], walls["peer"], strict=True)]
     result["speed"] = speed
     result["agreement"] = agreement(ours_m, peer_m, cfg.timing.backend)
     return result

@@ -95,7 +95,8 @@ def print_table(result: dict[str, Any], console: Console | None = None) -> None:
                           f"({check['kind']}, limit {check['limit']}) {mark}", highlight=False)
     speed = result.get("speed") or {}
     if speed:
-        console.print(f"speed: ours/peer wall = {speed['ours_over_peer_wall']:.3f} "
+        reps = f", median of {speed['reps']} alternating runs" if speed.get("reps") else ""
+        console.print(f"speed: ours/peer wall = {speed['ours_over_peer_wall']:.3f}{reps} "
                       f"({'ours not slower' if speed['ours_not_slower'] else 'ours slower'})", highlight=False)
 
 
@@ -130,6 +131,12 @@ def markdown(result: dict[str, Any]) -> str:
     if speed:
         lines += ["", f"Speed: ours / AISimulate whole-process wall = {speed['ours_over_peer_wall']:.3f} "
                       f"(AISimulate / ours = {speed['peer_over_ours_wall']:.2f}x)."]
+        if speed.get("reps"):
+            runs = {side: result[side]["process"].get("wall_s_runs", []) for side in ("ours", "peer")}
+            lines += ["", f"Over {speed['reps']} alternating runs of each side (the walls above are the medians): "
+                          f"ours {', '.join(f'{w:.2f}' for w in runs['ours'])} s; AISimulate "
+                          f"{', '.join(f'{w:.2f}' for w in runs['peer'])} s; pair ratios "
+                          f"{', '.join(f'{r:.3f}' for r in speed['pair_ratios'])}."]
     lines += ["", "Commands:", ""]
     for side in ("ours", "peer"):
         cmd = result.get(side, {}).get("command")
