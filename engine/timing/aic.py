@@ -27,7 +27,7 @@ from typing import Any
 
 from engine.hardware import HardwareProfile
 from engine.models import ModelSpec
-from engine.timing.aic_decode import DecodeTable
+from engine.timing.aic_decode import AicDecodeRun, DecodeTable
 from engine.timing.base import StepBreakdown, StepShape
 from replay.errors import ConfigError
 
@@ -150,7 +150,7 @@ class AicTimer:
     def _table(self, n: int) -> DecodeTable:
         table = self._tables.get(n)
         if table is None:
-            table = self._tables[n] = DecodeTable(self._direct, n, self.host_overhead_ms)
+            table = self._tables[n] = DecodeTable(self._direct, n)
         return table
 
     def _decode_ms(self, n: int, a: int) -> float:
@@ -158,11 +158,11 @@ class AicTimer:
             return self._direct(0, 0, 0, n, a)
         return self._table(n).kernel_ms(a)
 
-    def decode_run(self, nrun: int) -> DecodeTable | None:
+    def decode_run(self, nrun: int) -> AicDecodeRun | None:
         """What times a decode window's steps of ``nrun`` requests in compiled code
-        (``DecodeTable.extend``: each step as ``step_ms`` gives it, bit for bit); None with
+        (``AicDecodeRun.extend``: each step as ``step_ms`` gives it, bit for bit); None with
         ``exact``, where the window calls ``step_ms`` per step."""
-        return None if self.exact else self._table(nrun)
+        return None if self.exact else AicDecodeRun(self._table(nrun), self.host_overhead_ms)
 
     def kernel_ms(self, num_prefill_reqs: int, prefill_tokens: int, prefill_ctx_tokens: int,
                   prefill_attn_work: int, num_decode_reqs: int, decode_ctx_tokens: int) -> float:

@@ -19,7 +19,7 @@ cut wherever a sample crosses a grid point (where the table can jump). Measured 
 cells: at most 1e-4 relative (tests allow 5e-4).
 
 This module is compiled with the engine core (engine/native.py) because decode windows time every
-one of their steps here (``DecodeTable.extend``): 97% of the Mooncake replay's 732,637 steps. It
+one of their steps here (``AicDecodeRun.extend``): 97% of the Mooncake replay's 732,637 steps. It
 knows nothing of aiconfigurator itself: the direct call is handed in.
 """
 
@@ -79,10 +79,9 @@ class DecodeTable:
     Every value is a function of a alone: the memories below only skip the segment search (the
     values are the same either way, to the bit; tests/test_timing_aic.py shuffles the call order)."""
 
-    def __init__(self, direct: DirectCall, n: int, host_ms: float) -> None:
+    def __init__(self, direct: DirectCall, n: int) -> None:
         self.direct = direct
         self.n = n
-        self.host_ms = host_ms  # added by ``extend``, which times whole steps
         self.c = [0.0] * SEGMENTS     # segment line L_j(s) = c[j] + b[j] * s (host overhead excluded)
         self.b = [0.0] * SEGMENTS
         self.state = [UNKNOWN] * SEGMENTS
@@ -114,20 +113,6 @@ class DecodeTable:
             y0, m0, y1, m1 = self.xk
             return y0 + (y1 - y0) * ((5 * lo + d // 4 + d // 2 + 3 * d // 4 + d - m0) / (m1 - m0))
         return self.value(a)
-
-    def extend(self, ctx: int, count: int, durations: list[float], times: list[float]) -> None:
-        """Append ``count`` decode-only steps of n requests whose summed context starts at ``ctx``:
-        each duration as AicTimer.step_ms gives it (kernel time plus host overhead), each end time
-        the previous plus the duration (engine/decode_window.py). Step s is at a = ctx // n + s."""
-        host = self.host_ms
-        a = ctx // self.n
-        cur = times[-1]
-        for _ in range(count):
-            d = self.kernel_ms(a) + host
-            durations.append(d)
-            cur = cur + d
-            times.append(cur)
-            a += 1
 
     def value(self, a: int) -> float:
         if a < MIN_DECODE_KV:
@@ -200,3 +185,27 @@ class DecodeTable:
         if a == end:
             return y1
         return y0 + (y1 - y0) * ((sum(samples(a)) - m0) / (m1 - m0))  # exactly y0 at a == start
+
+
+class AicDecodeRun:
+    """The DecodeRun (engine/timing/base.py) of one decode window: the batch size's table and the
+    timer's host overhead, read when the window starts (as RooflineTimer.decode_run reads its terms)."""
+
+    def __init__(self, table: DecodeTable, host_ms: float) -> None:
+        self.table = table
+        self.host_ms = host_ms
+
+    def extend(self, ctx: int, count: int, durations: list[float], times: list[float]) -> None:
+        """Append ``count`` decode-only steps of n requests whose summed context starts at ``ctx``:
+        each duration as AicTimer.step_ms gives it (kernel time plus host overhead), each end time
+        the previous plus the duration (engine/decode_window.py). Step s is at a = ctx // n + s."""
+        table = self.table
+        host = self.host_ms
+        a = ctx // table.n
+        cur = times[-1]
+        for _ in range(count):
+            d = table.kernel_ms(a) + host
+            durations.append(d)
+            cur = cur + d
+            times.append(cur)
+            a += 1
