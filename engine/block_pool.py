@@ -477,13 +477,22 @@ class BlockPool:
         table = self.groups[tid]
         _require(table[i:i + m] == blocks[j:j + m], "prefix hits are not the table's blocks")
         refs = self.refs[tid]
-        if 0 in refs[i:i + m]:
+        seg = refs[i:i + m]
+        if 0 in seg:
             fruns = self.fruns[tid]
             fq = self.free_queue
+            if m > 1 and seg.count(0) == m:
+                rid = fruns[i]
+                if fruns[i:i + m].count(rid) == m:  # all free in one run (a finished turn's prompt)
+                    self._went_stale(fq, rid, m)
+                    fruns[i:i + m] = [0] * m
+                    refs[i:i + m] = [1] * m
+                    self.num_free -= m
+                    return
             for s in range(i, i + m):
                 c = refs[s]
                 if c == 0:  # a free cached block: out of the free queue (its entry goes stale)
-                    self._went_stale(fq, fruns[s])
+                    self._went_stale(fq, fruns[s], 1)
                     fruns[s] = 0
                     self.num_free -= 1
                 refs[s] = c + 1
@@ -492,12 +501,12 @@ class BlockPool:
                 refs[s] = refs[s] + 1  # (not +=: compiled, that is a generic object operation)
 
     @staticmethod
-    def _went_stale(fq: OrderedDict[int, list], rid: int) -> None:
-        """A hit took one of run ``rid``'s free blocks out: one more stale entry, and a run with no
-        free block left leaves the queue now (allocation would otherwise walk all its entries to
+    def _went_stale(fq: OrderedDict[int, list], rid: int, n: int) -> None:
+        """A hit took ``n`` of run ``rid``'s free blocks out: ``n`` more stale entries, and a run with
+        no free block left leaves the queue now (allocation would otherwise walk all its entries to
         skip them; nothing refers to it any more)."""
         run = fq[rid]
-        stale = run[3] + 1
+        stale = run[3] + n
         if stale == len(run[0]) - run[2]:
             del fq[rid]
         else:
@@ -507,7 +516,7 @@ class BlockPool:
         """One more reference on a block outside the tables."""
         rid = self.where.pop(b, None)
         if rid is not None:
-            self._went_stale(self.free_queue, rid)
+            self._went_stale(self.free_queue, rid, 1)
             self.num_free -= 1
         else:
             extra = self.extra_refs
