@@ -28,6 +28,7 @@ NATIVE_SOURCES = [
     "engine/decode_window.py",
     "engine/cpu_store.py",
     "engine/offload.py",
+    "engine/row_runs.py",
     "engine/recorder.py",
     "engine/core.py",
     "engine/timing/roofline_decode.py",

@@ -39,8 +39,6 @@ from collections.abc import Callable
 from itertools import accumulate, islice, repeat
 from typing import Final
 
-import numpy as np
-
 from engine.recorder import Recorder
 from engine.request import Request
 from engine.scheduler import Scheduler
@@ -233,11 +231,8 @@ def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next
     starts = times[:s]
     ends = times[1:s + 1]
     if offload is not None:
-        stored_col = np.zeros(s, dtype=np.int64)
-        for step, stored in stored_at:
-            stored_col[step] = stored
         rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, free_changes, usable,
-                                 stored_col, cpu_changes, offload.num_cpu_blocks, replica=replica)
+                                 stored_at, cpu_changes, offload.num_cpu_blocks, replica=replica)
     else:
         rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, free_changes, usable,
                                  replica=replica, last_running=num_running_after)

@@ -28,6 +28,7 @@ NATIVE_MODULES = (
     "engine.decode_window",
     "engine.cpu_store",
     "engine.offload",
+    "engine.row_runs",
     "engine.recorder",
     "engine.core",
     "engine.timing.roofline_decode",

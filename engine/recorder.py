@@ -1,12 +1,12 @@
 """Collects what each request and step experienced, and writes the output Parquet files.
 
 Per-request results live in preallocated numpy columns (a request object is dropped once it
-finishes); chunks and steps stream into Parquet row groups so memory stays bounded.
+finishes); chunks and steps are buffered as runs (engine/row_runs.py) and stream into Parquet row
+groups, expanded and written on a second thread, so memory stays bounded.
 """
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,13 +24,11 @@ from engine.output_schema import (
     STEPS_SCHEMA,
 )
 from engine.request import Request
+from engine.row_runs import ChunkRuns, ColumnCutter, StepRuns, sparse_runs
 from engine.trace_input import TraceArrays
 
 _ROW_GROUP = 1 << 20
 _STEP_ROWS_BUFFERED = 1 << 16  # step rows buffered before a row group is written
-# array typecodes of the step columns' dtypes (int32 is C int on every platform we build for)
-_TYPECODES = {np.dtype(np.int64): "q", np.dtype(np.int32): "i", np.dtype(np.float64): "d",
-              np.dtype(np.float32): "f"}
 
 # Parquet writer settings fixed here so that identical runs give identical bytes.
 # Snappy: the outputs are written once and read a few times; snappy writes 2-3x faster than zstd here.
@@ -86,14 +84,12 @@ class Recorder:
         self._steps_schema = STEPS_SCHEMA.append(pa.field("replica", pa.int32())) if replica_column else STEPS_SCHEMA
         self._requests_schema = (REQUESTS_SCHEMA.append(pa.field("replica", pa.int32())) if replica_column
                                  else REQUESTS_SCHEMA)
-        self._chunk_req = array("i")
-        self._chunk_time = array("d")
-        self._chunk_tokens = array("i")
         self._step_dtypes = [np.dtype(f.type.to_pandas_dtype()) for f in self._steps_schema]
-        # Buffered step rows, one typed array per column (array appends cost no Python object per value).
-        self._step_codes = [_TYPECODES[dt] for dt in self._step_dtypes]
-        self._step_sizes = [dt.itemsize for dt in self._step_dtypes]
-        self._step_cols: list[array] = [array(code) for code in self._step_codes]
+        # Pending rows as runs, handed whole to the writer thread (which cuts exact row groups).
+        self._chunk_runs = ChunkRuns()
+        self._step_runs = StepRuns(replica_column)
+        self._chunk_cutter = ColumnCutter(_ROW_GROUP)
+        self._step_cutter = ColumnCutter(_STEP_ROWS_BUFFERED)
         self._request_ids = pa.array(trace.request_id, pa.string())
         self._chunk_writer = pq.ParquetWriter(outdir / "chunks.parquet", CHUNKS_SCHEMA, **_stream_opts(CHUNKS_SCHEMA))
         self._step_writer = pq.ParquetWriter(outdir / "steps.parquet", self._steps_schema,
@@ -105,83 +101,44 @@ class Recorder:
     # -- hot path ------------------------------------------------------------------------------
     def emit_chunks(self, reqs: list[int], time_ms: float, tokens: list[int]) -> None:
         """Chunks of one step (all emitted at the step's end); ``tokens`` empty: one token each."""
-        n = len(reqs)
-        self._chunk_req.extend(reqs)
-        if tokens:
-            self._chunk_tokens.extend(tokens)
-        else:
-            self._chunk_tokens.extend(array("i", (1,)) * n)
-        self._chunk_time.extend(array("d", (time_ms,)) * n)
-        if len(self._chunk_req) >= _ROW_GROUP:
+        runs = self._chunk_runs
+        runs.add_step(reqs, time_ms, tokens)
+        if runs.num_rows >= _ROW_GROUP:
             self._flush_chunks()
 
     def emit_decode_chunks(self, reqs: list[int], ends: list[float]) -> None:
         """A decode window's chunks: at the end of each step, one token for each of ``reqs`` (in
-        running order). Repeated arrays: C-level copies, no per-chunk work in Python."""
-        nrun = len(reqs)
-        self._chunk_req.extend(array("i", reqs) * len(ends))
-        if nrun == 1:  # a lone request (an idle fleet replica): the step ends are its chunk times
-            self._chunk_time.fromlist(ends)
-        else:
-            self._chunk_time.frombytes(np.repeat(np.array(ends, dtype=np.float64), nrun).tobytes())
-        self._chunk_tokens.extend(array("i", (1,)) * (nrun * len(ends)))
-        if len(self._chunk_req) >= _ROW_GROUP:
+        running order)."""
+        runs = self._chunk_runs
+        runs.add_window(reqs, ends)
+        if runs.num_rows >= _ROW_GROUP:
             self._flush_chunks()
 
     def record_step(self, values: tuple, replica: int = 0) -> None:
         """One row of steps.parquet, in STEPS_SCHEMA column order."""
-        for col, v in zip(self._step_cols, values):
-            col.append(v)
-        if self.replica_column:
-            self._step_cols[-1].append(replica)
+        runs = self._step_runs
+        runs.add_row(values, replica)
         self.num_steps += 1
-        if len(self._step_cols[0]) >= _STEP_ROWS_BUFFERED:
+        if runs.num_rows >= _STEP_ROWS_BUFFERED:
             self._flush_steps()
 
     def record_decode_window(self, first_step: int, starts: list[float], durations: list[float],
                              num_running: int, num_waiting: int, free_changes: list[tuple[int, int]], usable: int,
-                             bytes_stored: np.ndarray | None = None,
+                             stored_at: list[tuple[int, int]] | None = None,
                              cpu_changes: list[tuple[int, int]] | None = None, num_cpu_blocks: int = 0,
                              replica: int = 0, last_running: int | None = None) -> None:
-        """Rows for a run of decode-only steps (engine/decode_window.py), column by column.
+        """Rows for a run of decode-only steps (engine/decode_window.py).
         ``free_changes`` / ``cpu_changes``: (first step, free GPU / used CPU blocks) where the count
-        changed, from step 0; ``last_running``: requests still running after the last step (it
-        finished the others)."""
+        changed, from step 0; ``stored_at``: (step, bytes stored) of the steps that started stores;
+        ``last_running``: requests still running after the last step (it finished the others)."""
         n = len(starts)
-        c = self._step_cols
-        dt = self._step_dtypes
-        codes = self._step_codes
-        c[0].frombytes(np.arange(first_step, first_step + n, dtype=dt[0]).tobytes())
-        c[1].fromlist(starts)  # fromlist: about half the cost of extend for a list
-        c[2].fromlist(durations)
-        # Constant columns: a one-element array repeated n times, or zero bytes (C-level copies, no
-        # per-value work).
-        for j, value in ((3, num_running), (6, num_running), (7, num_running), (8, num_waiting)):
-            c[j].extend(array(codes[j], (value,)) * n)
-        for j in (4, 5, 9, 12, 13, 15):  # prefill tokens and requests, preemptions, drafts, loads
-            c[j].frombytes(bytes(n * self._step_sizes[j]))
-        if last_running is not None:
-            c[7][-1] = last_running
-        # KV usage and blocks used, one repeated value per run of steps with the same free count; the
-        # usage is the same double as record_step's (1.0 - free / usable), rounded to the column's type.
-        for free, k in _run_lengths(free_changes, n):
-            c[10].extend(array(codes[10], (1.0 - free / usable,)) * k)
-            c[11].extend(array(codes[11], (usable - free,)) * k)
-        if bytes_stored is None:
-            c[14].frombytes(bytes(n * self._step_sizes[14]))
-        else:
-            c[14].frombytes(bytes_stored.astype(dt[14]).tobytes())
-        if cpu_changes is None:
-            for j in (16, 17):
-                c[j].frombytes(bytes(n * self._step_sizes[j]))
-        else:  # as record_step: CPU blocks used and their share of the CPU pool
-            for used, k in _run_lengths(cpu_changes, n):
-                c[16].extend(array(codes[16], (used,)) * k)
-                c[17].extend(array(codes[17], (used / num_cpu_blocks,)) * k)
-        if self.replica_column:
-            c[18].extend(array(codes[18], (replica,)) * n)
+        runs = self._step_runs
+        runs.add_window(first_step, starts, durations, num_running, num_waiting, list(_run_lengths(free_changes, n)),
+                        usable, sparse_runs(stored_at, n) if stored_at else [(0, n)],
+                        list(_run_lengths(cpu_changes, n)) if cpu_changes is not None else None, num_cpu_blocks,
+                        replica, last_running)
         self.num_steps += n
-        if len(c[0]) >= _STEP_ROWS_BUFFERED:
+        if runs.num_rows >= _STEP_ROWS_BUFFERED:
             self._flush_steps()
 
     def request_finished(self, r: Request) -> None:
@@ -215,42 +172,36 @@ class Recorder:
 
     # -- output --------------------------------------------------------------------------------
     def _flush_chunks(self, final: bool = False) -> None:
-        """Write whole row groups of exactly _ROW_GROUP rows (the rest waits, unless final), so the
-        file's layout never depends on how the rows were batched on their way in."""
-        n = len(self._chunk_req)
-        cut = n if final else n - n % _ROW_GROUP
-        if not cut:
-            return
-        # Views of the buffers: they are replaced below, never changed, so the writer thread reads
-        # them safely.
-        self._writes.submit(self._write_chunks, np.frombuffer(self._chunk_req, dtype=np.int32)[:cut],
-                            np.frombuffer(self._chunk_time, dtype=np.float64)[:cut],
-                            np.frombuffer(self._chunk_tokens, dtype=np.int32)[:cut])
-        self.num_chunks += cut
-        self._chunk_req = self._chunk_req[cut:]
-        self._chunk_time = self._chunk_time[cut:]
-        self._chunk_tokens = self._chunk_tokens[cut:]
+        """Hand the pending chunks to the writer thread, which writes the whole row groups of
+        exactly _ROW_GROUP rows among what it holds (the rest waits, unless final), so the file's
+        layout never depends on how the rows were batched on their way in."""
+        runs = self._chunk_runs
+        self._chunk_runs = ChunkRuns()  # the writer thread owns the old buffer now
+        self.num_chunks += runs.num_rows
+        self._writes.submit(self._write_chunks, runs, final)
 
     def _flush_steps(self, final: bool = False) -> None:
         """Like _flush_chunks: whole row groups of _STEP_ROWS_BUFFERED rows until the final flush."""
-        cols = self._step_cols
-        n = len(cols[0])
-        cut = n if final else n - n % _STEP_ROWS_BUFFERED
-        if not cut:
-            return
-        views = [np.frombuffer(col, dtype=dt)[:cut] for col, dt in zip(cols, self._step_dtypes)]
-        self._writes.submit(self._write_steps, views)
-        self._step_cols = [col[cut:] for col in cols]  # new buffers: the views keep the old ones
+        runs = self._step_runs
+        self._step_runs = StepRuns(self.replica_column)
+        self._writes.submit(self._write_steps, runs, final)
 
-    def _write_chunks(self, req: np.ndarray, time_ms: np.ndarray, tokens: np.ndarray) -> None:
+    def _write_chunks(self, runs: ChunkRuns, final: bool) -> None:
         """On the writer thread."""
+        due = self._chunk_cutter.cut(list(runs.columns()), final)
+        if due is None:
+            return
+        req, time_ms, tokens = due
         table = pa.Table.from_arrays([self._request_ids.take(pa.array(req)), pa.array(time_ms), pa.array(tokens)],
                                      schema=CHUNKS_SCHEMA)
         self._chunk_writer.write_table(table, row_group_size=_ROW_GROUP)
 
-    def _write_steps(self, views: list[np.ndarray]) -> None:
+    def _write_steps(self, runs: StepRuns, final: bool) -> None:
         """On the writer thread."""
-        table = pa.Table.from_arrays([pa.array(v) for v in views], schema=self._steps_schema)
+        due = self._step_cutter.cut(runs.columns(self._step_dtypes), final)
+        if due is None:
+            return
+        table = pa.Table.from_arrays([pa.array(v) for v in due], schema=self._steps_schema)
         self._step_writer.write_table(table, row_group_size=_STEP_ROWS_BUFFERED)
 
     def close(self) -> None:
