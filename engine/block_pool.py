@@ -59,6 +59,17 @@ _ID_STRIDE: Final = (1 << 24) + 1
 assert _ID_STRIDE == block_keys._ID_STRIDE
 
 
+def _count(values: list[int], lo: int, hi: int, x: int) -> int:
+    """How many of values[lo:hi] equal ``x``. Compiled, a loop of unboxed compares: list.count and
+    ``in`` build a slice and compare every entry through the generic object protocol (perf: 40% of
+    num_free_among on reuse-20k-8rps), slower for the 16-32 slots of a trace block."""
+    n = 0
+    for s in range(lo, hi):
+        if values[s] == x:
+            n += 1
+    return n
+
+
 class PoolInvariantError(Exception):
     """A --check invariant of the pool failed (an engine bug, never bad input)."""
 
@@ -277,7 +288,7 @@ class BlockPool:
             if m >= 4 and rng.step == bs and rng[0] >= 0:  # one trace block's run: one table
                 tid, i = self._slot(rng[0])
                 table = self._table(tid, i + m)
-                if table[i:i + m].count(0) == m:  # all free: one slice assignment
+                if _count(table, i, i + m, 0) == m:  # all free: one slice assignment
                     table[i:i + m] = blocks[j:j + m]
                     table[0] += m
                     self.refs[tid][i:i + m] = [1] * m  # their owner's references
@@ -312,11 +323,12 @@ class BlockPool:
             table = groups.get(tid)
             if table is None:
                 return out
-            seg = table[i:i + n]
-            if len(seg) == n and 0 not in seg:
-                out += seg
+            end = i + n
+            # every slot filled (slot 0 counts them), or none of these empty: the whole slice
+            if end <= len(table) and (table[0] == len(table) - 1 or _count(table, i, end, 0) == 0):
+                out += table[i:end]
                 continue
-            for b in seg:
+            for b in table[i:end]:
                 if not b:
                     return out
                 out.append(b)
@@ -477,13 +489,13 @@ class BlockPool:
         table = self.groups[tid]
         _require(table[i:i + m] == blocks[j:j + m], "prefix hits are not the table's blocks")
         refs = self.refs[tid]
-        seg = refs[i:i + m]
-        if 0 in seg:
+        zeros = _count(refs, i, i + m, 0)
+        if zeros:
             fruns = self.fruns[tid]
             fq = self.free_queue
-            if m > 1 and seg.count(0) == m:
+            if m > 1 and zeros == m:
                 rid = fruns[i]
-                if fruns[i:i + m].count(rid) == m:  # all free in one run (a finished turn's prompt)
+                if _count(fruns, i, i + m, rid) == m:  # all free in one run (a finished turn's prompt)
                     self._went_stale(fq, rid, m)
                     fruns[i:i + m] = [0] * m
                     refs[i:i + m] = [1] * m
@@ -541,7 +553,8 @@ class BlockPool:
             k0 = rng[0]
             if k0 >= 0 and rng.step == bs:
                 tid, i = self._slot(k0)
-                count += refs_of[tid][i:i + m].count(0)
+                refs = refs_of[tid]
+                count += _count(refs, i, min(i + m, len(refs)), 0)
                 j += m
                 continue
             for key in rng[:m]:
@@ -634,7 +647,7 @@ class BlockPool:
             seg = table[lo:top + 1]
             seg.reverse()
             if seg == blocks[j:j + m]:  # all first copies (the common case)
-                ones = refs[lo:top + 1].count(1)
+                ones = _count(refs, lo, top + 1, 1)
                 if ones == m:  # the last reference on each: all freed, into run rid
                     refs[lo:top + 1] = [0] * m
                     self.fruns[tid][lo:top + 1] = [rid] * m
