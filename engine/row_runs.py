@@ -16,28 +16,37 @@ change together share one list of run lengths.
 from __future__ import annotations
 
 from array import array
+from typing import Final
 
 import numpy as np
 
+from engine.output_schema import STEPS_SCHEMA
+
 # Column positions in STEPS_SCHEMA (engine/output_schema.py), the replica column last when present.
-STEP: int = 0
-START: int = 1
-DURATION: int = 2
-RUNNING: int = 7
-KV_USAGE: int = 10
-KV_BLOCKS_USED: int = 11
-BYTES_STORED: int = 14
-CPU_BLOCKS_USED: int = 16
-CPU_USAGE: int = 17
+# Final literals: compiled code inlines them instead of reading a module global at every row.
+STEP: Final = 0
+START: Final = 1
+DURATION: Final = 2
+RUNNING: Final = 7
+KV_USAGE: Final = 10
+KV_BLOCKS_USED: Final = 11
+BYTES_STORED: Final = 14
+CPU_BLOCKS_USED: Final = 16
+CPU_USAGE: Final = 17
 # Columns constant over a whole window (a row of record_step is a run of one): scheduled, prefill
 # tokens and requests, decode requests, waiting, preemptions, drafts, accepted, bytes loaded.
-_PER_SEGMENT: tuple[int, ...] = (3, 4, 5, 6, 8, 9, 12, 13, 15)
-_ZERO_IN_WINDOW: tuple[int, ...] = (4, 5, 9, 12, 13, 15)
-NUM_STEP_COLUMNS: int = 18
+_PER_SEGMENT: Final = (3, 4, 5, 6, 8, 9, 12, 13, 15)
+_ZERO_IN_WINDOW: Final = (4, 5, 9, 12, 13, 15)
+NUM_STEP_COLUMNS: Final = 18
+assert STEPS_SCHEMA.names == [
+    "step", "start_ms", "duration_ms", "scheduled_tokens", "prefill_tokens", "prefill_requests", "decode_requests",
+    "running", "waiting", "preemptions", "kv_usage", "kv_blocks_used", "draft_tokens", "accepted_tokens",
+    "bytes_stored", "bytes_loaded", "cpu_blocks_used", "cpu_usage"], "row_runs' column positions are STEPS_SCHEMA's"
 
 
 class StepRuns:
-    """Pending rows of steps.parquet as runs; ``take()`` hands them to the writer thread."""
+    """Pending rows of steps.parquet as runs; the recorder hands a full one to the writer thread
+    and starts a new one."""
 
     __slots__ = ("replica_column", "num_rows", "step_first", "step_count", "starts", "durations", "values",
                  "seg_counts", "running_counts", "free_counts", "stored_counts", "cpu_counts")
@@ -259,6 +268,20 @@ class ColumnCutter:
         if not cut:
             return None
         return [c[:cut] for c in cols] if cut < n else cols
+
+
+def change_runs(changes: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """(value, number of steps) of each run of ``n`` steps given as (first step, value) change points;
+    a change point at or past step n, or followed by another at the same step, covers no step."""
+    out: list[tuple[int, int]] = []
+    last = len(changes) - 1
+    for i, (step, value) in enumerate(changes):
+        end = changes[i + 1][0] if i < last else n
+        if end > n:
+            end = n
+        if end > step:
+            out.append((value, end - step))
+    return out
 
 
 def sparse_runs(points: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
