@@ -1,87 +1,159 @@
-"""Build hook: compile the engine's hot loop with mypyc when a C compiler is at hand.
+"""Build hook: map the repository's folders onto one installed package, and compile the engine's hot
+loop with mypyc when a C compiler is at hand.
 
-The compiled modules are the very same Python sources (engine/native.py lists them); without mypy
-or a compiler, or with REPLAY_PURE_PYTHON=1 at install time, the package installs as pure Python
-and runs the same code, slower. Outputs are byte-identical either way (tests/test_native_core.py).
-Metadata lives in pyproject.toml; this file only adds the optional extension modules.
+Layout. What installs is one package, ``replay``: the folders engine/, ingest/ and reports/ become its
+subpackages ``replay.engine``, ``replay.ingest`` and ``replay.reports`` (``package_dir`` below), so
+nothing lands in site-packages under a generic top-level name.
+
+Compiled core. The compiled modules are the very same Python sources (engine/native.py lists them);
+without mypy or a compiler, or with REPLAY_PURE_PYTHON=1 at build time, the package installs as pure
+Python and runs the same code, slower. Outputs are byte-identical either way. mypyc names a module by
+the folders above its file, so it compiles a copy of the sources laid out as installed
+(replay/engine/...) in a temporary folder; nothing is written into the source tree but what
+setuptools itself puts there (an editable install's extension modules, beside their sources). The
+build records which sources it compiled in ``_native_build.json`` next to the extension modules,
+written only when they are built: a pure-Python build of the same checkout leaves an editable
+install's compiled core alone.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_namespace_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
+# installed package -> repository folder
+PACKAGE_DIRS = {"replay": "replay", "replay.engine": "engine", "replay.ingest": "ingest",
+                "replay.reports": "reports"}
 # Keep in step with engine/native.py NATIVE_MODULES (a test checks they agree).
-NATIVE_SOURCES = [
-    "engine/request.py",
-    "engine/block_keys.py",
-    "engine/block_pool.py",
-    "engine/kv_cache_manager.py",
-    "engine/scheduler.py",
-    "engine/decode_window.py",
-    "engine/cpu_store.py",
-    "engine/offload.py",
-    "engine/row_runs.py",
-    "engine/recorder.py",
-    "engine/core.py",
-    "engine/timing/roofline_decode.py",
-    "engine/timing/aic_decode.py",
+NATIVE_MODULES = [
+    "replay.engine.request",
+    "replay.engine.block_keys",
+    "replay.engine.block_pool",
+    "replay.engine.kv_cache_manager",
+    "replay.engine.scheduler",
+    "replay.engine.decode_window",
+    "replay.engine.cpu_store",
+    "replay.engine.offload",
+    "replay.engine.row_runs",
+    "replay.engine.recorder",
+    "replay.engine.core",
+    "replay.engine.timing.roofline_decode",
+    "replay.engine.timing.aic_decode",
 ]
-MANIFEST = "engine/_native_build.json"
+MANIFEST_NAME = "_native_build.json"
 
 
 def _say(message: str) -> None:
     print(f"replay-analyzer build: {message}", file=sys.stderr)
 
 
+def _packages() -> list[str]:
+    """Every package under each mapped folder, named as installed (data folders included)."""
+    found = []
+    for package, folder in PACKAGE_DIRS.items():
+        found.append(package)
+        for sub in find_namespace_packages(where=str(HERE / folder), exclude=["*__pycache__*"]):
+            name = f"{package}.{sub}"
+            if not any(name == p or name.startswith(p + ".") for p in PACKAGE_DIRS if p != package
+                       and p.startswith(package + ".")):
+                found.append(name)
+    return sorted(set(found))
+
+
+def _source_path(module: str) -> Path:
+    """replay.engine.timing.aic_decode -> <checkout>/engine/timing/aic_decode.py"""
+    parts = module.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        package = ".".join(parts[:cut])
+        if package in PACKAGE_DIRS:
+            return HERE.joinpath(PACKAGE_DIRS[package], *parts[cut:]).with_suffix(".py")
+    raise ValueError(module)
+
+
+def _manifest() -> str:
+    digests = {m: hashlib.sha256(_source_path(m).read_bytes()).hexdigest() for m in NATIVE_MODULES}
+    return json.dumps({"compiled": True, "modules": digests}, indent=1) + "\n"
+
+
 class OptionalBuildExt(build_ext):
-    """build_ext that falls back to pure Python when compiling fails (no compiler, no headers)."""
+    """build_ext that falls back to pure Python when compiling fails (no compiler, no headers), and
+    records the compiled sources beside the extension modules it wrote."""
 
     def run(self) -> None:
         try:
             super().run()
         except Exception as exc:  # noqa: BLE001 - any build failure means: install pure Python
             _say(f"compiled core not built ({exc}); the engine runs as pure Python")
-            _write_manifest(compiled=False, reason=f"compiling failed: {exc}")
+            return
+        if not self.extensions:
+            return
+        engine_dir = Path(self.get_ext_fullpath("replay.engine.request")).parent
+        engine_dir.mkdir(parents=True, exist_ok=True)
+        (engine_dir / MANIFEST_NAME).write_text(_manifest())
+
+    def get_outputs(self) -> list[str]:
+        outputs = super().get_outputs()
+        if self.extensions:
+            outputs.append(str(Path(self.get_ext_fullpath("replay.engine.request")).parent / MANIFEST_NAME))
+        return outputs
 
 
-def _write_manifest(compiled: bool, reason: str = "") -> None:
-    """Record which sources the extension modules were built from: a module whose source has changed
-    since (an edited checkout) is then imported from source, never stale (engine/native.py)."""
-    digests = {src: hashlib.sha256((HERE / src).read_bytes()).hexdigest() for src in NATIVE_SOURCES}
-    (HERE / MANIFEST).write_text(json.dumps({"compiled": compiled, "reason": reason, "sources": digests}, indent=1) + "\n")
+def _staged_tree() -> Path:
+    """A temporary copy of the sources laid out as installed, for mypyc to name modules by."""
+    stage = Path(tempfile.mkdtemp(prefix="replay-mypyc-"))
+    atexit.register(shutil.rmtree, stage, ignore_errors=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd", MANIFEST_NAME)
+    shutil.copytree(HERE / "replay", stage / "replay", ignore=ignore)
+    for package, folder in PACKAGE_DIRS.items():
+        if package != "replay":
+            shutil.copytree(HERE / folder, stage.joinpath(*package.split(".")), ignore=ignore)
+    return stage
 
 
 def _ext_modules() -> list:
     if os.environ.get("REPLAY_PURE_PYTHON"):
         _say("REPLAY_PURE_PYTHON is set: pure Python install")
-        _write_manifest(compiled=False, reason="requested (REPLAY_PURE_PYTHON)")
         return []
     try:
         from mypyc.build import mypycify
     except ImportError:
         _say("mypy is not installed in the build environment: pure Python install")
-        _write_manifest(compiled=False, reason="mypy is not installed in the build environment")
         return []
     # The isolated build environment has none of the runtime dependencies (numpy...): their types
     # are unknown to the compiler, which treats them as Any. Modules that are not compiled are read
     # for their types only.
     flags = ["--ignore-missing-imports", "--follow-imports=silent"]
+    stage = _staged_tree()
+    sources = [str(Path(*m.split(".")).with_suffix(".py")) for m in NATIVE_MODULES]
+    cwd = os.getcwd()
     try:
-        modules = mypycify([*flags, *NATIVE_SOURCES], opt_level="3", debug_level="0")
+        os.chdir(stage)
+        modules = mypycify([*flags, *sources], opt_level="3", debug_level="0",
+                           target_dir=str(stage / "build"))
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - a type error must not break the install
         _say(f"mypyc could not compile the engine core ({exc!r}); the engine runs as pure Python")
-        _write_manifest(compiled=False, reason=f"mypyc failed: {exc!r}")
         return []
-    _write_manifest(compiled=True)
+    finally:
+        os.chdir(cwd)
+    for ext in modules:  # the generated C lives in the stage: make its paths absolute
+        ext.sources = [s if os.path.isabs(s) else str(stage / s) for s in ext.sources]
+        ext.include_dirs = [d if os.path.isabs(d) else str(stage / d) for d in ext.include_dirs]
     return modules
 
 
-setup(ext_modules=_ext_modules(), cmdclass={"build_ext": OptionalBuildExt})
+setup(
+    packages=_packages(),
+    package_dir=PACKAGE_DIRS,
+    ext_modules=_ext_modules(),
+    cmdclass={"build_ext": OptionalBuildExt},
+)

@@ -15,11 +15,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.hardware import get_hardware  # noqa: E402
-from engine.models import get_model  # noqa: E402
-from engine.timing.aic import AicTimer  # noqa: E402
-from engine.timing.grid import compare, grid  # noqa: E402
-from engine.timing.roofline import RooflineTimer  # noqa: E402
+from replay.engine.hardware import get_hardware  # noqa: E402
+from replay.engine.models import get_model  # noqa: E402
+from replay.engine.timing.aic import AicTimer  # noqa: E402
+from replay.engine.timing.grid import compare, grid  # noqa: E402
+from replay.engine.timing.roofline import RooflineTimer  # noqa: E402
 
 
 def table(model_name: str, tp: int, hardware: str) -> tuple[str, float, float]:

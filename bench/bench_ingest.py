@@ -30,7 +30,7 @@ def _child(step: str, src: str, dest: str) -> None:
     import pyarrow.csv  # noqa: F401  (imports outside the timed region)
     import pyarrow.json  # noqa: F401
 
-    from ingest import convert
+    from replay.ingest import convert
 
     t0 = time.perf_counter()
     if step == "convert":
@@ -44,7 +44,7 @@ def _child(step: str, src: str, dest: str) -> None:
 
         rows = pcsv.read_csv(src).num_rows
     elif step == "synth-csv":
-        from ingest.synth import SynthConfig, write_azure_csv
+        from replay.ingest.synth import SynthConfig, write_azure_csv
 
         rows = write_azure_csv(SynthConfig(requests=int(dest), seed=0, rate=100.0, turns_mean=1), src)
     else:

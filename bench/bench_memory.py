@@ -121,7 +121,7 @@ def _child(kind: str, work: Path) -> None:
 
         write_trace(work / "trace10m.parquet", TraceSpec(n_requests=10_000_000, seed=0, rate_rps=100.0))
     elif kind == "azure10m":
-        from ingest.synth import SynthConfig, write_azure_csv
+        from replay.ingest.synth import SynthConfig, write_azure_csv
 
         src = work / "azure10m.csv"
         write_azure_csv(SynthConfig(requests=10_000_000, seed=0, rate=100.0, turns_mean=1), src)

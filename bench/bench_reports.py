@@ -22,9 +22,9 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reports.diff import diff_runs, write_diff  # noqa: E402
-from reports.report import write_report  # noqa: E402
-from reports.slo import Slo  # noqa: E402
+from replay.reports.diff import diff_runs, write_diff  # noqa: E402
+from replay.reports.report import write_report  # noqa: E402
+from replay.reports.slo import Slo  # noqa: E402
 from tests.reports_fixtures import RunSpec, TraceSpec, write_run, write_trace  # noqa: E402
 
 

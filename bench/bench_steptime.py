@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.hardware import get_hardware  # noqa: E402
-from engine.models import get_model  # noqa: E402
-from engine.timing.base import shape_from_requests  # noqa: E402
-from engine.timing.roofline import RooflineTimer  # noqa: E402
+from replay.engine.hardware import get_hardware  # noqa: E402
+from replay.engine.models import get_model  # noqa: E402
+from replay.engine.timing.base import shape_from_requests  # noqa: E402
+from replay.engine.timing.roofline import RooflineTimer  # noqa: E402
 
 
 class Baseline:
@@ -100,7 +100,7 @@ def main() -> None:
          RooflineTimer(get_model("deepseek-ai/DeepSeek-V3"), hw, tp=8, dtype="fp8", drafter="model"), spec),
     ]
     try:
-        from engine.timing.aic import AicTimer
+        from replay.engine.timing.aic import AicTimer
         aic = AicTimer(get_model("meta-llama/Llama-3.1-8B"), hw, host_overhead_ms=1.0)
         for s in plain:
             aic.step_ms(*s)  # warm the memo: the engine revisits shapes
@@ -118,7 +118,7 @@ def main() -> None:
     llama = get_model("meta-llama/Llama-3.1-8B")
     fresh = [("roofline Llama-3.1-8B TP1", lambda: RooflineTimer(llama, hw), traj)]
     try:
-        from engine.timing.aic import AicTimer
+        from replay.engine.timing.aic import AicTimer
         AicTimer(llama, hw, host_overhead_ms=1.0).step_ms(0, 0, 0, 0, 1, 1, 1000, 0)  # load its data, untimed
         fresh += [("aic Llama-3.1-8B (fast path)", lambda: AicTimer(llama, hw, host_overhead_ms=1.0), traj),
                   ("aic Llama-3.1-8B (timing.aic_exact)",

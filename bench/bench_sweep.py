@@ -67,7 +67,7 @@ def _overhead_parts(trace: Path, run_dir: Path) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     spawn = sorted(float(subprocess.run([sys.executable, "-c", code_spawn], capture_output=True, text=True,
                                         env=env, check=True).stdout) for _ in range(3))[1]
-    from ingest.schema import read_trace
+    from replay.ingest.schema import read_trace
     from replay.sweep.slo import parse_sweep_slo
     from replay.sweep.summary import summarize
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.config import LoadConfig
-from engine.trace_input import TraceArrays
+from replay.engine.config import LoadConfig
+from replay.engine.trace_input import TraceArrays
 
 
 @dataclass

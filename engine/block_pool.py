@@ -21,8 +21,8 @@ Runs. The free queue is a sequence of runs, one entry per free call and kind, ol
 An allocation consumes runs from the head by slicing. Block ids are handed out fresh (a counter) and
 live as long as a block's contents: the id of a registered block is dropped when its key is
 evicted. Same decisions, evictions and outputs as one entry per block (tests/reference_block_pool.py,
-compared call by call by tests/test_engine_block_pool.py and replay by replay, byte for byte, by
-tests/test_engine_real_traces.py); a freed prompt costs a few queue entries, not one per block.
+compared call by call by tests/engine/test_block_pool.py and replay by replay, byte for byte, by
+tests/engine/test_real_traces.py); a freed prompt costs a few queue entries, not one per block.
 
 Reference counts. A block that is the first cached copy of a trace-named key (a slot of a
 trace-block table, below) has its reference count in ``refs``, a list aligned with its table: a hit
@@ -51,7 +51,7 @@ from collections import OrderedDict
 from itertools import repeat
 from typing import Final, cast
 
-from engine import block_keys
+from replay.engine import block_keys
 
 # engine/block_keys.py's key stride, as a constant of this module: compiled code inlines a Final of
 # its own module but reads an imported one from the module dict at every use (73 -> 31 ns a slot).

@@ -14,8 +14,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from replay.errors import ConfigError, ReplayError
-from replay.files import require_regular_file
+from replay.base.errors import ConfigError, ReplayError
+from replay.base.files import require_regular_file
+from replay.engine.hardware import get_hardware
+from replay.engine.models import ModelSpec, get_model
+
+# Bytes per element of each weight and KV dtype.
+DTYPE_BYTES = {"bf16": 2, "fp8": 1}
 
 
 class StrictModel(BaseModel):
@@ -113,7 +118,7 @@ class FleetConfig(StrictModel):
 
     @model_validator(mode="after")
     def _router_options(self) -> FleetConfig:
-        from engine.routers.options import OPTIONS_BY_ROUTER
+        from replay.engine.routers.options import OPTIONS_BY_ROUTER
 
         try:
             OPTIONS_BY_ROUTER[self.router].model_validate(self.router_options)
@@ -153,6 +158,25 @@ class EngineConfig(StrictModel):
         check_model_limits(self)
         return self
 
+    def kv_cache_dtype(self) -> str:
+        """The KV cache's element type: the weights' dtype unless ``kv_cache.cache_dtype`` names one."""
+        return self.dtype if self.kv_cache.cache_dtype == "auto" else self.kv_cache.cache_dtype
+
+    def num_kv_layers(self, model: ModelSpec) -> int:
+        """Target layers, plus the MTP head's layers when it drafts (vLLM gives them KV cache too)."""
+        if self.speculative is not None and self.speculative.drafter == "model":
+            return model.num_layers + model.num_mtp_layers
+        return model.num_layers
+
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes one token occupies on one tensor-parallel rank, over all KV layers (vLLM's page
+        size per token: ``kv_cache_utils``), unless ``kv_cache.kv_bytes_per_token`` gives it."""
+        if self.kv_cache.kv_bytes_per_token is not None:
+            return self.kv_cache.kv_bytes_per_token
+        model = get_model(self.model)
+        per_layer = model.kv_elems_per_token_per_layer(self.tensor_parallel_size) * DTYPE_BYTES[self.kv_cache_dtype()]
+        return per_layer * self.num_kv_layers(model)
+
 
 def check_model_limits(config: EngineConfig) -> None:
     """What vLLM refuses at start-up for this model and GPU (ValueError names the key).
@@ -169,9 +193,6 @@ def check_model_limits(config: EngineConfig) -> None:
 
     An unknown model or hardware is left to ``resolve_setup``, which names it.
     """
-    from engine.hardware import get_hardware
-    from engine.models import get_model
-
     try:
         model = get_model(config.model)
         hw = get_hardware(config.hardware)
@@ -192,9 +213,7 @@ def check_model_limits(config: EngineConfig) -> None:
     tokens = (kvc.num_gpu_blocks * kvc.block_size if kvc.num_gpu_blocks is not None
               else kvc.kv_cache_size_tokens)
     if tokens is not None:
-        from engine.kv_capacity import kv_bytes_per_token
-
-        need = tokens * kv_bytes_per_token(config)
+        need = tokens * config.kv_bytes_per_token()
         memory = int(hw.gpu.usable_memory_bytes.value)
         if need > memory:
             key = "num_gpu_blocks" if kvc.num_gpu_blocks is not None else "kv_cache_size_tokens"

@@ -16,13 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from engine.block_pool import PoolInvariantError
-from engine.decode_window import run_decode_window
-from engine.recorder import Recorder
-from engine.request import Request
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.timing.base import StepTimer
-from replay.errors import ReplayError
+from replay.base.errors import ReplayError
+from replay.engine.block_pool import PoolInvariantError
+from replay.engine.decode_window import run_decode_window
+from replay.engine.recorder import Recorder
+from replay.engine.request import Request
+from replay.engine.scheduler import Scheduler, SchedulerOutput
+from replay.engine.timing.base import StepTimer
 
 # Arrival kinds, in the order the waiting queue receives a batch of them (engine/fleet.py).
 OPEN, DYNAMIC = 0, 1

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from itertools import repeat
 from operator import attrgetter, itemgetter
 
-from engine.block_keys import key_group
+from replay.engine.block_keys import key_group
 
 
 def runs_len(runs: Iterable[range]) -> int:

@@ -5,7 +5,7 @@ decodes one token and nothing else happens. Those steps differ only in their con
 the simulator can take them in one call: it still times every step with the step timer, records
 every step and chunk, and performs every block allocation and prefix-cache registration at the
 step where the scheduler would (in the same order). The outputs are byte-identical to stepping one
-by one (tests/test_engine_fast_forward.py checks this).
+by one (tests/engine/test_fast_forward.py checks this).
 
 Registering a block that decoding just filled is deferred to the request's next new block or the
 window's end, where every running request catches up: such a block ends past the prompt, so its
@@ -39,10 +39,10 @@ from collections.abc import Callable
 from itertools import accumulate, islice, repeat
 from typing import Final
 
-from engine.recorder import Recorder
-from engine.request import Request
-from engine.scheduler import Scheduler
-from engine.timing.base import DecodeRun
+from replay.engine.recorder import Recorder
+from replay.engine.request import Request
+from replay.engine.scheduler import Scheduler
+from replay.engine.timing.base import DecodeRun
 
 
 def _next_alloc_step(r, base: int, bs: int) -> int:

@@ -28,13 +28,13 @@ from itertools import chain
 
 import numpy as np
 
-from engine.arrivals import ArrivalPlan
-from engine.block_keys import BlockKeys
-from engine.core import DYNAMIC, OPEN, EngineCore
-from engine.recorder import Recorder
-from engine.request import Request
-from engine.routers.base import Router
-from engine.trace_input import TraceArrays, shared_lead_within
+from replay.engine.arrivals import ArrivalPlan
+from replay.engine.block_keys import BlockKeys
+from replay.engine.core import DYNAMIC, OPEN, EngineCore
+from replay.engine.recorder import Recorder
+from replay.engine.request import Request
+from replay.engine.routers.base import Router
+from replay.engine.trace_input import TraceArrays, shared_lead_within
 
 ProgressFn = Callable[[float, int], None]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.core import EngineCore
-from engine.recorder import Recorder
+from replay.engine.core import EngineCore
+from replay.engine.recorder import Recorder
 
 
 def fleet_summary(cores: list[EngineCore], recorder: Recorder, selected: np.ndarray, span_ms: float) -> dict:

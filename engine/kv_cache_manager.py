@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from engine.block_pool import BlockPool
-from engine.request import Request
+from replay.engine.block_pool import BlockPool
+from replay.engine.request import Request
 
 _EAGER: Final = 1 << 62  # a preempted request registers every full block (it may look them up itself)
 

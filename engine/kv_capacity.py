@@ -14,17 +14,14 @@ should give ``kv_cache.num_gpu_blocks`` or ``kv_cache.kv_cache_size_tokens`` ins
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from engine.hardware import get_hardware
-from engine.models import ModelSpec, get_model
-from replay.errors import ConfigError
-
-if TYPE_CHECKING:
-    from engine.config import EngineConfig
+from replay.base.errors import ConfigError
+from replay.engine.config import DTYPE_BYTES, EngineConfig
+from replay.engine.hardware import get_hardware
+from replay.engine.models import ModelSpec, get_model
 
 GIB = 1 << 30
-_BYTES = {"bf16": 2, "fp8": 1}
+_BYTES = DTYPE_BYTES
 
 # Non-torch memory per rank (CUDA context, cuBLAS workspaces): vLLM's memory profile logs
 # "non_torch_memory" of about 0.2-0.6 GiB on Hopper at TP1. Guess, uncalibrated: 0.4 GiB.
@@ -67,27 +64,6 @@ class KVCapacity:
         return self.num_gpu_blocks - 1
 
 
-def _num_kv_layers(config: EngineConfig, model: ModelSpec) -> int:
-    """Target layers, plus the MTP head's layers when it drafts (vLLM gives them KV cache too)."""
-    spec = config.speculative
-    if spec is not None and spec.drafter == "model":
-        return model.num_layers + model.num_mtp_layers
-    return model.num_layers
-
-
-def kv_dtype(config: EngineConfig) -> str:
-    return config.dtype if config.kv_cache.cache_dtype == "auto" else config.kv_cache.cache_dtype
-
-
-def kv_bytes_per_token(config: EngineConfig) -> int:
-    """KV bytes one token occupies on one tensor-parallel rank, over all KV layers."""
-    if config.kv_cache.kv_bytes_per_token is not None:
-        return config.kv_cache.kv_bytes_per_token
-    model = get_model(config.model)
-    per_layer = model.kv_elems_per_token_per_layer(config.tensor_parallel_size) * _BYTES[kv_dtype(config)]
-    return per_layer * _num_kv_layers(config, model)
-
-
 def weights_bytes_per_rank(config: EngineConfig, model: ModelSpec) -> int:
     """Weights on one rank: everything sharded by TP (vocab-parallel embedding and LM head included),
     plus the MTP head when it drafts. The LM head stays BF16 under fp8 (vLLM leaves it unquantized)."""
@@ -114,7 +90,7 @@ def resolve_num_gpu_blocks(config: EngineConfig) -> KVCapacity:
     """How many KV blocks the modeled server has: given directly, from its logged token count, or
     derived from memory as vLLM does."""
     kv = config.kv_cache
-    per_token = kv_bytes_per_token(config)
+    per_token = config.kv_bytes_per_token()
     bs = kv.block_size
     if kv.num_gpu_blocks is not None:
         return KVCapacity(kv.num_gpu_blocks, bs, per_token, "num_gpu_blocks")

@@ -6,7 +6,7 @@ C compiler is available: the same sources, about twice as fast, byte-identical o
 would import a compiled module in preference to its source even after the source was edited, so
 this module checks each one against the digest its build recorded and imports an edited (or not
 compiled) module from source. ``REPLAY_PURE_PYTHON=1`` forces every module to source (the test
-suite runs that way; tests/test_native_core.py checks that both give the same bytes).
+suite runs that way; tests/engine/test_native_core.py checks that both give the same bytes).
 """
 
 from __future__ import annotations
@@ -20,19 +20,19 @@ import sys
 from pathlib import Path
 
 NATIVE_MODULES = (
-    "engine.request",
-    "engine.block_keys",
-    "engine.block_pool",
-    "engine.kv_cache_manager",
-    "engine.scheduler",
-    "engine.decode_window",
-    "engine.cpu_store",
-    "engine.offload",
-    "engine.row_runs",
-    "engine.recorder",
-    "engine.core",
-    "engine.timing.roofline_decode",
-    "engine.timing.aic_decode",
+    "replay.engine.request",
+    "replay.engine.block_keys",
+    "replay.engine.block_pool",
+    "replay.engine.kv_cache_manager",
+    "replay.engine.scheduler",
+    "replay.engine.decode_window",
+    "replay.engine.cpu_store",
+    "replay.engine.offload",
+    "replay.engine.row_runs",
+    "replay.engine.recorder",
+    "replay.engine.core",
+    "replay.engine.timing.roofline_decode",
+    "replay.engine.timing.aic_decode",
 )
 PURE_ENV = "REPLAY_PURE_PYTHON"
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -40,13 +40,8 @@ _MANIFEST = _PACKAGE_DIR / "_native_build.json"
 
 
 def _source(name: str) -> Path:
-    """engine.timing.aic_decode -> .../engine/timing/aic_decode.py"""
-    return _PACKAGE_DIR.joinpath(*name.split(".")[1:]).with_suffix(".py")
-
-
-def _manifest_key(name: str) -> str:
-    """The source's path as setup.py records it: engine/timing/aic_decode.py"""
-    return name.replace(".", "/") + ".py"
+    """replay.engine.timing.aic_decode -> .../engine/timing/aic_decode.py"""
+    return _PACKAGE_DIR.joinpath(*name.split(".")[2:]).with_suffix(".py")
 
 
 def _compiled_file(name: str) -> Path | None:
@@ -66,15 +61,14 @@ def _up_to_date() -> set[str]:
         return set()
     if not manifest.get("compiled"):
         return set()
-    built = manifest.get("sources", {})
+    built = manifest.get("modules", {})
     fresh = set()
     for name in NATIVE_MODULES:
         src = _source(name)
-        rel = _manifest_key(name)
-        if _compiled_file(name) is None or rel not in built:
+        if _compiled_file(name) is None or name not in built:
             continue
         try:
-            if hashlib.sha256(src.read_bytes()).hexdigest() == built[rel]:
+            if hashlib.sha256(src.read_bytes()).hexdigest() == built[name]:
                 fresh.add(name)
         except OSError:
             continue

@@ -22,12 +22,12 @@ import math
 from bisect import bisect_right
 from operator import itemgetter
 
-from engine.block_keys import key_group
-from engine.config import HostOffloadConfig
-from engine.cpu_store import KeyLRUStore, RunLRUStore, runs_len, runs_slice
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import Request
-from replay.errors import ConfigError
+from replay.base.errors import ConfigError
+from replay.engine.block_keys import key_group
+from replay.engine.config import HostOffloadConfig
+from replay.engine.cpu_store import KeyLRUStore, RunLRUStore, runs_len, runs_slice
+from replay.engine.kv_cache_manager import KVCacheManager
+from replay.engine.request import Request
 
 _first_key = itemgetter(0)
 

@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.background_writer import BackgroundWriter
-from engine.output_schema import (
+from replay.engine.background_writer import BackgroundWriter
+from replay.engine.output_schema import (
     CHUNKS_SCHEMA,
     REQUESTS_SCHEMA,
     STATUS_FINISHED,
@@ -22,9 +22,9 @@ from engine.output_schema import (
     STATUS_UNFINISHED,
     STEPS_SCHEMA,
 )
-from engine.request import Request
-from engine.row_runs import ChunkRuns, ColumnCutter, StepRuns, change_runs, sparse_runs
-from engine.trace_input import TraceArrays
+from replay.engine.request import Request
+from replay.engine.row_runs import ChunkRuns, ColumnCutter, StepRuns, change_runs, sparse_runs
+from replay.engine.trace_input import TraceArrays
 
 _ROW_GROUP = 1 << 20
 _STEP_ROWS_BUFFERED = 1 << 16  # step rows buffered before a row group is written

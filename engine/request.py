@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from engine.block_keys import BlockKeys
+from replay.engine.block_keys import BlockKeys
 
 
 class RequestStatus(IntEnum):

@@ -20,7 +20,7 @@ from typing import Final
 
 import numpy as np
 
-from engine.output_schema import STEPS_SCHEMA
+from replay.engine.output_schema import STEPS_SCHEMA
 
 # Column positions in STEPS_SCHEMA (engine/output_schema.py), the replica column last when present.
 # Final literals: compiled code inlines them instead of reading a module global at every row.

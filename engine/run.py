@@ -15,23 +15,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.arrivals import plan_arrivals
-from engine.config import EngineConfig
-from engine.core import EngineCore
-from engine.fleet import FleetLoop, ProgressFn
-from engine.fleet_summary import fleet_summary
-from engine.native import core_kind
-from engine.output_schema import RUN_FILE
-from engine.recorder import Recorder
-from engine.routers import RouterContext, build_router
-from engine.scheduler import Scheduler, kv_cache_manager_for, scheduler_limits_for
-from engine.spec_decode import AcceptanceSampler, resolve_rates
-from engine.timing.base import StepTimer
-from engine.trace_input import TraceArrays, trace_arrays
-from ingest.schema import TraceMetadata
-from replay import __version__
-from replay.atomic import atomic_dir, write_json_atomic
-from replay.errors import TraceError
+from replay.base.atomic import atomic_dir, write_json_atomic
+from replay.base.errors import TraceError
+from replay.base.version import __version__
+from replay.engine.arrivals import plan_arrivals
+from replay.engine.config import EngineConfig
+from replay.engine.core import EngineCore
+from replay.engine.fleet import FleetLoop, ProgressFn
+from replay.engine.fleet_summary import fleet_summary
+from replay.engine.native import core_kind
+from replay.engine.output_schema import RUN_FILE
+from replay.engine.recorder import Recorder
+from replay.engine.routers import RouterContext, build_router
+from replay.engine.scheduler import Scheduler, kv_cache_manager_for, scheduler_limits_for
+from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
+from replay.engine.timing.base import StepTimer
+from replay.engine.trace_input import TraceArrays, trace_arrays
+from replay.ingest.schema import TraceMetadata
 
 _MAX_LISTED = 10
 
@@ -51,9 +51,9 @@ class EngineSetup:
 
 def resolve_setup(config: EngineConfig) -> EngineSetup:
     """Model, KV capacity and step timer for a config (errors name the config key)."""
-    from engine.kv_capacity import kv_bytes_per_token, resolve_num_gpu_blocks
-    from engine.models import get_model
-    from engine.timing import build_timer
+    from replay.engine.kv_capacity import resolve_num_gpu_blocks
+    from replay.engine.models import get_model
+    from replay.engine.timing import build_timer
 
     model = get_model(config.model)
     cap = resolve_num_gpu_blocks(config)
@@ -65,7 +65,7 @@ def resolve_setup(config: EngineConfig) -> EngineSetup:
     detail = {k: v for k, v in asdict(cap).items() if k not in ("num_gpu_blocks", "source") and v is not None}
     return EngineSetup(num_gpu_blocks=int(cap.num_gpu_blocks), capacity_source=str(cap.source),
                        max_model_len=max_model_len, timer=timer,
-                       kv_bytes_per_token=int(kv_bytes_per_token(config)), uncalibrated=uncal,
+                       kv_bytes_per_token=int(config.kv_bytes_per_token()), uncalibrated=uncal,
                        capacity_detail=detail)
 
 
@@ -80,7 +80,7 @@ def _build_scheduler(config: EngineConfig, setup: EngineSetup, sampler: Acceptan
     kv = kv_cache_manager_for(config, setup.num_gpu_blocks)
     offload = None
     if config.host_offload is not None:
-        from engine.offload import OffloadManager
+        from replay.engine.offload import OffloadManager
 
         offload = OffloadManager(config.host_offload, kv, setup.kv_bytes_per_token)
     limits = scheduler_limits_for(config, setup.num_gpu_blocks, setup.max_model_len)

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import islice
 
-from engine.config import EngineConfig
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import Request, RequestStatus
-from engine.spec_decode import AcceptanceSampler, resolve_rates
-from engine.waiting_queue import FCFSQueue, PriorityQueue
+from replay.engine.config import EngineConfig
+from replay.engine.kv_cache_manager import KVCacheManager
+from replay.engine.request import Request, RequestStatus
+from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
+from replay.engine.waiting_queue import FCFSQueue, PriorityQueue
 
 
 @dataclass(slots=True)
@@ -478,7 +478,7 @@ def prefill_lookahead(config: EngineConfig) -> int:
     (num_nextn_predict_layers and k both > 1: each module reads one token further), else 1."""
     if config.speculative is None:
         return 0
-    from engine.models import get_model
+    from replay.engine.models import get_model
 
     k = config.speculative.num_speculative_tokens
     layers = get_model(config.model).num_mtp_layers or 1  # vLLM's getattr default is 1

@@ -9,8 +9,8 @@ whatever else shares the batch.
 
 from __future__ import annotations
 
-from engine.config import SpeculativeConfig
-from replay.errors import ConfigError
+from replay.base.errors import ConfigError
+from replay.engine.config import SpeculativeConfig
 
 _MASK = (1 << 64) - 1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from engine.request import Request
+from replay.engine.request import Request
 
 
 class FCFSQueue:

@@ -9,16 +9,16 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from replay.atomic import atomic_path, refuse_inputs
-from replay.errors import TraceError
-from replay.files import require_regular_file
+from replay.base.atomic import atomic_path, refuse_inputs
+from replay.base.errors import TraceError
+from replay.base.files import require_regular_file
 
 from .columns import ms_to_iso
 from .detect import make_reader
 from .options import IngestOptions, OnError
 from .pipeline import Progress, canonical_batches, no_rows_error, resolve_lines, sort_by_arrival
-from .readers._decode import read_errors
 from .readers.base import Reader, ReaderInfo
+from .readers.decoding import read_errors
 from .rejections import remove_stale_side_file, side_file_path, write_side_file
 from .reuse import NullHashIdError
 from .schema import TraceMetadata, is_canonical_trace, read_trace

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replay.errors import ConfigError
+from replay.base.errors import ConfigError
 
 BadValues = list[tuple[int, str]]
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from replay.errors import TraceError
+from replay.base.errors import TraceError
 
 from .options import IngestOptions
 from .readers import READERS
-from .readers._csv import read_header
-from .readers._jsonl import first_record
 from .readers.base import Reader
+from .readers.csv_source import read_header
+from .readers.jsonl import first_record
 from .schema import is_canonical_trace
 
 _CSV_SUFFIXES = (".csv", ".csv.gz")
@@ -116,7 +116,7 @@ _PEEK_MARKERS = (('"conversations"', "sharegpt"), ('"conversation"', "lmsys"), (
 def _peek_keys(path: Path) -> str | None:
     """A multi-line JSON document (an array of conversations, pretty-printed OTLP or a benchmark
     result): parse it when small, else look for one format's marker key near the start."""
-    from .readers._jsonl import open_binary
+    from .readers.decoding import open_binary
 
     with open_binary(path) as fh:
         head = fh.read(_PEEK_BYTES).decode("utf-8", "replace")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replay.errors import ConfigError
+from replay.base.errors import ConfigError
 
 # blake2b with an 8-byte digest: stable across Python versions and platforms (unlike hash()),
 # and ~1 us per block, far below JSON parsing cost.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from replay.errors import ConfigError
+from replay.base.errors import ConfigError
 
 from .columns import TIME_UNITS
 from .schema import OPTIONAL_SCHEMA

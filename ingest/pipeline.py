@@ -16,11 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replay.errors import TraceError
+from replay.base.errors import TraceError
 
 from .options import IngestOptions
-from .readers._decode import guarded
 from .readers.base import Reader, ReaderInfo
+from .readers.decoding import guarded
 from .rejections import Rejection
 from .schema import TRACE_SCHEMA, trace_schema_for
 from .validate import validate

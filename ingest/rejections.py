@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replay.atomic import atomic_path
-from replay.errors import TraceError
+from replay.base.atomic import atomic_path
+from replay.base.errors import TraceError
 
 
 @dataclass

@@ -13,7 +13,7 @@ distinct ids (a Python dict, Arrow's dictionary encoding, a dense numbering) tak
 * an LRU pass: the caches are walked one block of rows at a time (each holds at most its capacity).
 
 Every figure is an integer count until the final division, so the result does not depend on the
-number of parts or the block size (tests/test_inspect.py forces many of both).
+number of parts or the block size (tests/ingest/test_inspect.py forces many of both).
 """
 
 from __future__ import annotations

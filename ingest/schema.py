@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
 
-from replay import __version__
-from replay.errors import TraceError
+from replay.base.errors import TraceError
+from replay.base.version import __version__
 
 SCHEMA_VERSION = "1"
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from replay.duckdb_conn import connect
+from replay.base.duckdb_conn import connect
 
 from . import reuse
 from .reuse import IdStream
@@ -30,7 +30,7 @@ from .schema import METADATA_PREFIX
 
 _IDS_TYPE = pa.list_(pa.uint64())
 
-_SUMMARY_SQL = resources.files("ingest").joinpath("sql/trace_summary.sql").read_text(encoding="utf-8")
+_SUMMARY_SQL = resources.files("replay.ingest").joinpath("sql/trace_summary.sql").read_text(encoding="utf-8")
 
 
 def _block_size_from(table: pa.Table) -> int | None:

@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
-from replay.atomic import atomic_path
-from replay.duckdb_conn import connect
+from replay.base.atomic import atomic_path
+from replay.base.duckdb_conn import connect
 
 from .schema import TRACE_SCHEMA, TraceMetadata
 from .writer import ROW_GROUP_ROWS, rows_in_batches, write_trace_batches

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from engine.config import EngineConfig, load_config, validate_config
-from engine.fleet import ProgressFn
-from engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, STEPS_FILE
-from engine.run import replay_trace
-from ingest.schema import TraceMetadata, is_canonical_trace, read_trace
-from replay.files import require_regular_file
+from replay.base.files import require_regular_file
+from replay.engine.config import EngineConfig, load_config, validate_config
+from replay.engine.fleet import ProgressFn
+from replay.engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, STEPS_FILE
+from replay.engine.run import replay_trace
+from replay.ingest.schema import TraceMetadata, is_canonical_trace, read_trace
 
 if TYPE_CHECKING:  # pandas costs half a second to import: only the result accessors need it
     import pandas as pd
@@ -32,7 +32,7 @@ def load_any_trace(path: str | Path, **ingest_options: Any) -> tuple[pa.Table, T
     require_regular_file(path, "trace file")
     if is_canonical_trace(path):
         return read_trace(path)
-    from ingest import load_trace
+    from replay.ingest import load_trace
 
     return load_trace(path, **ingest_options)
 

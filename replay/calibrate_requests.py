@@ -24,11 +24,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.config import EngineConfig
-from engine.run import replay_trace, resolve_setup
-from engine.timing import RooflineParams, RooflineTimer, kv_dtype_of, resolve_drafter
-from ingest.schema import TraceMetadata, read_trace
-from replay.errors import ConfigError, ReplayError
+from replay.base.errors import ConfigError, ReplayError
+from replay.engine.config import EngineConfig
+from replay.engine.run import replay_trace, resolve_setup
+from replay.engine.timing import RooflineParams, RooflineTimer, resolve_drafter
+from replay.ingest.schema import TraceMetadata, read_trace
 
 # eta_attention is kept at the run's value: per-request latencies cannot tell attention reads from
 # weight reads at the batch sizes a log holds (fitting both traded one against the other and raised
@@ -106,8 +106,8 @@ class _Replayer:
         if config.timing.backend != "roofline":
             raise ConfigError("per-request calibration fits the roofline; the run used timing.backend "
                               f"{config.timing.backend!r}")
-        from engine.hardware import get_hardware
-        from engine.models import get_model
+        from replay.engine.hardware import get_hardware
+        from replay.engine.models import get_model
 
         self.table, self.meta, self.config, self.workdir = table, meta, config, workdir
         self.model, self.hw = get_model(config.model), get_hardware(config.hardware)
@@ -120,7 +120,7 @@ class _Replayer:
         import time
 
         timer = RooflineTimer(self.model, self.hw, params, tp=self.config.tensor_parallel_size,
-                              dtype=self.config.dtype, kv_dtype=kv_dtype_of(self.config),
+                              dtype=self.config.dtype, kv_dtype=self.config.kv_cache_dtype(),
                               drafter=resolve_drafter(self.config, self.model))
         out = self.workdir / "replay"
         t0 = time.perf_counter()
@@ -188,7 +188,7 @@ def _from_x(x: np.ndarray, base: RooflineParams) -> RooflineParams:
 def calibrate_from_requests(outdir: str | Path, *, measured: str | Path | None = None, holdout: float = 0.3,
                             seed: int = 0, max_evaluations: int = MAX_EVALUATIONS) -> RequestFit:
     """Fit the roofline to the measured TTFT/TPOT of the log replayed in ``outdir`` (see module doc)."""
-    from reports.views import read_run_json
+    from replay.reports.views import read_run_json
 
     outdir = Path(outdir)
     info = read_run_json(outdir)
@@ -199,7 +199,7 @@ def calibrate_from_requests(outdir: str | Path, *, measured: str | Path | None =
     table, meta = read_trace(trace_path)
     meas_table = None
     if measured is not None:
-        from ingest import load_trace
+        from replay.ingest import load_trace
 
         meas_table, _ = load_trace(measured, drop_failed=True)
     m_ttft, m_tpot, ids = _measured(table, meas_table)
@@ -245,7 +245,7 @@ def calibrate_from_requests(outdir: str | Path, *, measured: str | Path | None =
 
 def save_request_profile(fit: RequestFit, config: dict[str, Any], source: str, path: str | Path) -> None:
     """Write the fit as a timing profile (``timing: {profile: PATH}`` in a config)."""
-    from engine.timing.profile import FitStats, ProfileParams, TimingProfile, save_profile
+    from replay.engine.timing.profile import FitStats, ProfileParams, TimingProfile, save_profile
 
     profile = TimingProfile(
         hardware=config.get("hardware", "h200_sxm"), model=config.get("model", ""),

@@ -25,8 +25,8 @@ def _fmt(value, unit: str) -> str:
 
 
 def print_run_summary(outdir: Path, info: dict, wall_s: float, console: Console) -> None:
-    from reports.metrics import compute, headline
-    from reports.views import open_run
+    from replay.reports.metrics import compute, headline
+    from replay.reports.views import open_run
 
     run = open_run(outdir)
     try:
@@ -64,7 +64,7 @@ def print_run_summary(outdir: Path, info: dict, wall_s: float, console: Console)
     other.add_row("Engine core", core, "mypyc-compiled hot loop" if core == "compiled" else "pure Python")
     console.print(other)
     if core == "python":
-        from engine.native import stale_build
+        from replay.engine.native import stale_build
 
         if stale_build():
             console.print("[yellow]note:[/] the compiled engine core is older than the sources, so the "

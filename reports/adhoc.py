@@ -14,8 +14,8 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
-from replay.errors import ReplayError
-from reports.views import Run, query_errors
+from replay.base.errors import ReplayError
+from replay.reports.views import Run, query_errors
 
 # Errors in the query itself: no need to look for a damaged file.
 _QUERY_MISTAKES = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,

@@ -6,85 +6,28 @@ software tag so identical inputs give identical bytes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from matplotlib.ticker import PercentFormatter
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter, PercentFormatter  # noqa: E402
-
-from reports.metrics import TURN_CAP, RunMetrics  # noqa: E402
-
-DPI = 110
-SIZE = (8.0, 4.6)
-COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd")
-PNG_METADATA = {"Software": None}  # no matplotlib version string: byte-identical reruns
-
-
-def _save(fig: plt.Figure, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI, metadata=PNG_METADATA)
-    plt.close(fig)
-    return path
-
-
-def _time_axis(span_ms: float) -> tuple[float, str]:
-    """Divisor and unit so the time axis reads in s, min or h."""
-    if span_ms <= 15 * 60_000:
-        return 1000.0, "s"
-    if span_ms <= 15 * 3_600_000:
-        return 60_000.0, "min"
-    return 3_600_000.0, "h"
-
-
-def _ms_formatter() -> FuncFormatter:
-    return FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 1 else f"{v:g}")
-
-
-def _use_log(values: Sequence[float]) -> bool:
-    pos = [v for v in values if v is not None and v > 0]
-    return bool(pos) and max(pos) / min(pos) > 50
-
-
-def cdf_chart(path: Path, title: str, series: Sequence[tuple[str, list[tuple[float, float]]]],
-              xlabel: str, marks: Sequence[float] = (0.5, 0.99)) -> Path:
-    """Overlaid CDFs; each series is (label, [(value, fraction)]). Dotted guides at p50 and p99."""
-    fig, ax = plt.subplots(figsize=SIZE)
-    all_x: list[float] = []
-    for i, (label, cdf) in enumerate(series):
-        if not cdf:
-            continue
-        xs = [x for x, _ in cdf]
-        ys = [y for _, y in cdf]
-        all_x += xs
-        ax.plot(xs, ys, color=COLORS[i % len(COLORS)], lw=2, label=label, drawstyle="default")
-    if _use_log(all_x):
-        ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(_ms_formatter())
-    for q in marks:
-        ax.axhline(q, color="grey", lw=0.8, ls=":")
-        ax.annotate(f"p{q * 100:g}", xy=(0.005, q), xycoords=("axes fraction", "data"),
-                    va="top" if q > 0.9 else "bottom", fontsize=8, color="grey")
-    ax.set_ylim(0, 1.01)
-    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("fraction of samples below")
-    ax.set_title(title)
-    ax.grid(True, which="major", alpha=0.3)
-    if any(c for _, c in series):
-        ax.legend(loc="lower right")
-    else:
-        ax.text(0.5, 0.5, "no samples", ha="center", transform=ax.transAxes)
-    return _save(fig, path)
+from replay.reports.metrics import TURN_CAP, RunMetrics
+from replay.reports.plotting import (
+    COLORS,
+    SIZE,
+    cdf_chart,
+    ms_formatter,
+    plt,
+    save_figure,
+    time_axis,
+    use_log_scale,
+)
 
 
 def latency_over_time(path: Path, m: RunMetrics) -> Path:
     """TTFT percentiles by arrival time above arrivals vs completions: is the system keeping up?"""
     rows = m.latency_over_time
-    div, unit = _time_axis(max((r["bucket"] + 1) * m.bucket_ms for r in rows) if rows else 0.0)
+    div, unit = time_axis(max((r["bucket"] + 1) * m.bucket_ms for r in rows) if rows else 0.0)
     t = [(r["bucket"] + 0.5) * m.bucket_ms / div for r in rows]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8.0, 6.4), sharex=True, height_ratios=(3, 2))
     series = (("ttft_p50", "TTFT p50"), ("ttft_p99", "TTFT p99"), ("queue_p50", "queue time p50"))
@@ -93,9 +36,9 @@ def latency_over_time(path: Path, m: RunMetrics) -> Path:
         ys = [r[key] for r in rows]
         vals += [y for y in ys if y is not None]
         ax1.plot(t, [float("nan") if y is None else y for y in ys], marker=".", color=COLORS[i], label=label)
-    if _use_log(vals):
+    if use_log_scale(vals):
         ax1.set_yscale("log")
-        ax1.yaxis.set_major_formatter(_ms_formatter())
+        ax1.yaxis.set_major_formatter(ms_formatter())
     ax1.set_ylabel("ms (by arrival time)")
     ax1.set_title("Latency over time (finished requests, by arrival bucket)")
     ax1.grid(True, alpha=0.3)
@@ -107,12 +50,12 @@ def latency_over_time(path: Path, m: RunMetrics) -> Path:
     ax2.set_xlabel(f"time since trace start ({unit}); bucket {m.bucket_ms / 1000:g} s")
     ax2.grid(True, alpha=0.3)
     ax2.legend(loc="upper left", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _steps_t(m: RunMetrics) -> tuple[list[float], str]:
     rows = m.steps_over_time
-    div, unit = _time_axis(max((r["bucket"] + 1) * m.bucket_ms for r in rows) if rows else 0.0)
+    div, unit = time_axis(max((r["bucket"] + 1) * m.bucket_ms for r in rows) if rows else 0.0)
     return [(r["bucket"] + 0.5) * m.bucket_ms / div for r in rows], unit
 
 
@@ -129,7 +72,7 @@ def queue_depth(path: Path, m: RunMetrics) -> Path:
     ax.set_title("Scheduler queue depth over time (time-weighted per bucket)")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def kv_usage(path: Path, m: RunMetrics, with_cpu: bool) -> Path:
@@ -147,7 +90,7 @@ def kv_usage(path: Path, m: RunMetrics, with_cpu: bool) -> Path:
     ax.set_title("KV cache usage over time")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def turn_label(turn_key: int) -> str:
@@ -178,7 +121,7 @@ def reuse_by_turn(path: Path, rows: list[dict[str, Any]], with_cpu: bool) -> Pat
     ax.set_title("Prefix reuse by session turn")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(loc="upper left", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def report_charts(outdir: Path, m: RunMetrics, *, with_cpu: bool) -> dict[str, Path]:
@@ -197,7 +140,7 @@ def report_charts(outdir: Path, m: RunMetrics, *, with_cpu: bool) -> dict[str, P
     if m.reuse_by_turn:
         charts["reuse_by_turn"] = reuse_by_turn(outdir / "reuse_by_turn.png", m.reuse_by_turn, with_cpu)
     if m.fleet is not None:
-        from reports.fleet import fleet_load_chart
+        from replay.reports.fleet import fleet_load_chart
 
         charts["fleet_load"] = fleet_load_chart(outdir / "fleet_load.png", m.fleet, m.bucket_ms)
     return charts

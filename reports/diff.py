@@ -16,19 +16,19 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from replay.atomic import atomic_dir, write_json_atomic, write_text_atomic
-from replay.duckdb_conn import MEMORY_LIMIT_MB, connect
-from replay.errors import ReplayError
-from reports.bootstrap import CI_LEVEL, QUANTILE, PairedChange, paired_bootstrap
-from reports.charts import diff_charts, turn_label
-from reports.configdiff import differing
-from reports.fleet import fleet_diff_lines
-from reports.fmt import DASH, change, md_table, num
-from reports.metrics import Row, RunMetrics, compute, headline, share_ideal
-from reports.report import charts_dir_for, check_report_outputs, run_files
-from reports.slo import Slo
-from reports.sqlfiles import sql
-from reports.views import VIEW_SQL, Run, _literal, open_run
+from replay.base.atomic import atomic_dir, write_json_atomic, write_text_atomic
+from replay.base.duckdb_conn import MEMORY_LIMIT_MB, connect, sql_literal
+from replay.base.errors import ReplayError
+from replay.reports.bootstrap import CI_LEVEL, QUANTILE, PairedChange, paired_bootstrap
+from replay.reports.charts import diff_charts, turn_label
+from replay.reports.configdiff import differing
+from replay.reports.fleet import fleet_diff_lines
+from replay.reports.fmt import DASH, change, md_table, num
+from replay.reports.metrics import Row, RunMetrics, compute, headline, share_ideal
+from replay.reports.report import charts_dir_for, check_report_outputs, run_files
+from replay.reports.slo import Slo
+from replay.reports.sqlfiles import sql
+from replay.reports.views import VIEW_SQL, Run, open_run
 
 # The three databases the diff queries at once share one report's DuckDB budget (replay/duckdb_conn.py):
 # each run's metrics half of it, the paired statistics (requests only) a quarter.
@@ -111,7 +111,7 @@ def _paired(a: Run, b: Run, seed: int, resamples: int | None, threads: int) -> t
     try:
         for name, run in (("a_requests", a), ("b_requests", b)):
             path = (run.outdir / "requests.parquet").resolve()
-            con.execute(VIEW_SQL.format(name=name, columns="*", path=_literal(path), options=""))
+            con.execute(VIEW_SQL.format(name=name, columns="*", path=sql_literal(path), options=""))
         counts = _rows(con, "diff_pair_counts")[0]
         con.execute(sql("diff_paired"))
         cols = con.execute("SELECT ttft_a, ttft_b, e2e_a, e2e_b FROM paired").fetchnumpy()

@@ -27,12 +27,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replay.atomic import atomic_path, check_output_file
-from replay.duckdb_conn import connect
-from replay.errors import ReplayError
-from reports.sample_stats import SampleSpill
-from reports.sqlfiles import sql
-from reports.views import open_run
+from replay.base.atomic import atomic_path, check_output_file
+from replay.base.duckdb_conn import connect
+from replay.base.errors import ReplayError
+from replay.reports.sample_stats import SampleSpill
+from replay.reports.sqlfiles import sql
+from replay.reports.views import open_run
 
 FORMATS = ("vllm-bench", "aiperf")
 
@@ -278,7 +278,7 @@ def _aiperf_record(i: int, r: dict[str, Any], base: float) -> str:
 
 def export(outdir: str | Path, fmt: str, dest: str | Path) -> Path:
     """Write the replay in ``outdir`` as ``fmt`` to ``dest`` (atomically); returns ``dest``."""
-    from reports.report import run_files
+    from replay.reports.report import run_files
 
     outdir, dest = Path(outdir), Path(dest)
     if fmt not in FORMATS:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from reports.fmt import num
-from reports.sqlfiles import sql
-from reports.views import Run
+from replay.reports.fmt import num
+from replay.reports.plotting import COLORS, SIZE, plt, save_figure, time_axis
+from replay.reports.sqlfiles import sql
+from replay.reports.views import Run
 
 _LINES_UP_TO = 8  # replicas drawn as lines; more as a heatmap
 
@@ -76,15 +77,13 @@ def fleet_section(f: dict[str, Any], reuse: dict[str, Any], ideal: dict[str, Any
 
 
 def fleet_load_chart(path: Path, f: dict[str, Any], bucket_ms: float) -> Path:
-    from reports.charts import COLORS, SIZE, _save, _time_axis, plt  # charts import metrics: import late
-
     rows = f["load_over_time"]
     n = f["replicas"]
     buckets = max((r["bucket"] for r in rows), default=0) + 1
     grid = [[0.0] * buckets for _ in range(n)]
     for r in rows:
         grid[r["replica"]][r["bucket"]] = r["busy_fraction"]
-    scale, unit = _time_axis(buckets * bucket_ms)
+    scale, unit = time_axis(buckets * bucket_ms)
     fig, ax = plt.subplots(figsize=SIZE)
     if n <= _LINES_UP_TO:
         t = [(b + 0.5) * bucket_ms / scale for b in range(buckets)]
@@ -102,7 +101,7 @@ def fleet_load_chart(path: Path, f: dict[str, Any], bucket_ms: float) -> Path:
         ax.set_ylabel("replica")
     ax.set_xlabel(f"time since trace start ({unit}); bucket {bucket_ms / 1000:g} s")
     ax.set_title("Per-replica load over time")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _shape(info: dict[str, Any], m) -> dict[str, Any]:

@@ -13,11 +13,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from reports.fleet import fleet_metrics
-from reports.quantiles import quantile_cont
-from reports.slo import Slo
-from reports.sqlfiles import sql
-from reports.views import Run, build_trace_ideal, query_errors
+from replay.reports.fleet import fleet_metrics
+from replay.reports.quantiles import quantile_cont
+from replay.reports.slo import Slo
+from replay.reports.sqlfiles import sql
+from replay.reports.views import Run, build_trace_ideal, query_errors
 
 # Summary percentiles (vllm bench serve reports p50/p90/p95/p99), exact (numpy.percentile, linear).
 SUMMARY_PERCENTILES = (50, 90, 95, 99)
@@ -88,7 +88,8 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def _one(run: Run, name: str, **params: Any) -> dict[str, Any]:
+def query_one_row(run: Run, name: str, **params: Any) -> dict[str, Any]:
+    """The first row of a named query as a dict (every column None when it returned no row)."""
     cur = run.query(name, **params)
     cols = [d[0] for d in cur.description]
     rows = cur.fetchall()  # not fetchone: DuckDB 2.0 refuses a relation query while a result is unfinished
@@ -101,7 +102,7 @@ def _rows(run: Run, name: str, **params: Any) -> list[dict[str, Any]]:
     return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
 
 
-def _dist(row: dict[str, Any], key: str, hist: list[tuple[int, int]]) -> Dist:
+def dist_from_row(row: dict[str, Any], key: str, hist: list[tuple[int, int]]) -> Dist:
     qs = row[f"{key}_quantiles"]
     by_p = dict(zip(PROBS, qs, strict=True)) if qs is not None else {}
     return Dist(
@@ -151,7 +152,7 @@ def itl_row(run: Run, *, histograms: bool) -> tuple[dict[str, Any], dict[str, li
     run.con.execute(sql("itl_samples").format(parts=int(parts)))
     for part in range(1, parts):
         run.con.execute(sql("itl_samples_add").format(parts=int(parts), part=int(part)))
-    row = _one(run, "itl")
+    row = query_one_row(run, "itl")
 
     def batches():
         # A relation streams its result batch by batch (DuckDB 2.0: a DB-API result is materialized).
@@ -188,7 +189,7 @@ NO_PREFIX_IDS = "the trace has no prefix ids"
 def _reuse(run: Run) -> dict[str, Any]:
     """Prefix-cache hits; on a trace without prefix ids the ratios are unknown (None), not zero: the
     replay could not share blocks it cannot identify, which says nothing about the real traffic."""
-    reuse = _one(run, "reuse")
+    reuse = query_one_row(run, "reuse")
     if run.trace_meta is not None and not run.has_prefix_ids:
         for key in ("gpu_hit_ratio", "cpu_hit_ratio", "total_hit_ratio"):
             reuse[key] = None
@@ -198,35 +199,35 @@ def _reuse(run: Run) -> dict[str, Any]:
 
 def _compute(run: Run, slo: Slo | None, with_ideal: bool) -> RunMetrics:
     probs = list(PROBS)
-    lat = _one(run, "latency", probs=probs)
+    lat = query_one_row(run, "latency", probs=probs)
     itl, hists = itl_row(run, histograms=True)
-    dists = {k: _dist(itl if k == "itl" else lat, k, hists[k]) for k in LATENCIES}
-    throughput = _one(run, "throughput")
+    dists = {k: dist_from_row(itl if k == "itl" else lat, k, hists[k]) for k in LATENCIES}
+    throughput = query_one_row(run, "throughput")
     goodput = None
     if slo is not None and not slo.empty:
-        goodput = _one(run, "goodput", ttft=slo.ttft, tpot=slo.tpot, e2e=slo.e2e)
+        goodput = query_one_row(run, "goodput", ttft=slo.ttft, tpot=slo.tpot, e2e=slo.e2e)
     if with_ideal:
-        ideal = _one(run, "reuse_ideal") if build_trace_ideal(run) else None
+        ideal = query_one_row(run, "reuse_ideal") if build_trace_ideal(run) else None
     else:
         build_trace_ideal(run, empty=True)
         ideal = None
-    span = _one(run, "run_window")["last_event_ms"] or 0.0
+    span = query_one_row(run, "run_window")["last_event_ms"] or 0.0
     bucket_ms = nice_bucket_ms(float(span))
     metrics = RunMetrics(
         dists=dists,
         throughput=throughput,
         goodput=goodput,
         slo=slo.as_dict() if slo is not None else {},
-        preemptions=_one(run, "preemptions"),
+        preemptions=query_one_row(run, "preemptions"),
         reuse=_reuse(run),
         ideal=ideal,
         reuse_by_turn=_rows(run, "reuse_by_turn", turn_cap=TURN_CAP),
-        mtp=_one(run, "mtp"),
-        steps=_one(run, "steps_summary"),
+        mtp=query_one_row(run, "mtp"),
+        steps=query_one_row(run, "steps_summary"),
         bucket_ms=bucket_ms,
         steps_over_time=_rows(run, "steps_over_time", bucket_ms=bucket_ms),
         latency_over_time=_rows(run, "latency_over_time", bucket_ms=bucket_ms),
-        keeping_up=_one(run, "keeping_up"),
+        keeping_up=query_one_row(run, "keeping_up"),
         status=_rows(run, "status"),
     )
     metrics.fleet = fleet_metrics(run, bucket_ms, run.trace_path is not None and run.has_prefix_ids)

@@ -14,7 +14,7 @@ source): ``RN = (n - 1) * q``, the values ``lo``, ``hi`` at ``floor(RN)`` and ``
 ascending order, ``d = RN - floor(RN)``, and ``lo * (1 - d) + hi * d``, which the DuckDB 2.0.1 x86-64
 wheel evaluates as one fused multiply-add, ``fma(lo, 1 - d, hi * d)`` (found by comparing against it:
 the plain two-product sum differs in the last bit on about 15% of quantiles). The fused form is
-computed exactly here (``_fma``). tests/test_reports_quantiles.py checks the order statistics exactly
+computed exactly here (``_fma``). tests/reports/test_quantiles.py checks the order statistics exactly
 and the result against ``quantile_cont``.
 """
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import yaml
 
-from engine.config import EngineConfig
-from reports.charts import turn_label
-from reports.configdiff import differing
-from reports.fleet import fleet_section
-from reports.fmt import DASH, md_table, num
-from reports.metrics import LATENCIES, SUMMARY_PERCENTILES, TURN_CAP, RunMetrics, falling_behind
+from replay.engine.config import EngineConfig
+from replay.reports.charts import turn_label
+from replay.reports.configdiff import differing
+from replay.reports.fleet import fleet_section
+from replay.reports.fmt import DASH, md_table, num
+from replay.reports.metrics import LATENCIES, SUMMARY_PERCENTILES, TURN_CAP, RunMetrics, falling_behind
 
 PERCENTILE_NOTE = ("Percentiles are `numpy.percentile` with linear interpolation (DuckDB `quantile_cont`). "
                    "Latencies cover finished requests only. TTFT = first token - arrival; queue = first "

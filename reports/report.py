@@ -5,41 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, RUN_FILE, STEPS_FILE
-from replay.atomic import (
-    atomic_dir,
-    check_output_dir,
-    check_output_file,
-    write_json_atomic,
-    write_text_atomic,
-)
-from reports.charts import report_charts
-from reports.metrics import RunMetrics, compute
-from reports.render import render_report
-from reports.slo import Slo
-from reports.validate import validation_appendix
-from reports.views import open_run
-
-
-def charts_dir_for(markdown: Path) -> Path:
-    """Charts live beside the markdown, in ``<stem>_files/`` (as pandoc and Jupyter do)."""
-    return markdown.parent / f"{markdown.stem}_files"
-
-
-def run_files(outdir: Path) -> list[Path]:
-    """The files of a replay output a report reads: no report output may land on one of them."""
-    return [outdir / f for f in (RUN_FILE, REQUESTS_FILE, CHUNKS_FILE, STEPS_FILE)]
-
-
-def check_report_outputs(markdown: Path, json_path: str | Path | None, charts: bool, inputs: list,
-                         input_dirs: list) -> None:
-    """Refuse before writing anything: an output onto an input, a markdown path that is a directory,
-    a charts directory that is not ours to replace."""
-    for path in (markdown, json_path):
-        if path is not None:
-            check_output_file(path, inputs)
-    if charts:
-        check_output_dir(charts_dir_for(markdown), inputs=input_dirs)
+from replay.base.atomic import atomic_dir, write_json_atomic, write_text_atomic
+from replay.reports.charts import report_charts
+from replay.reports.metrics import RunMetrics, compute
+from replay.reports.render import render_report
+from replay.reports.report_files import charts_dir_for, check_report_outputs, run_files
+from replay.reports.slo import Slo
+from replay.reports.validate_report import validation_appendix
+from replay.reports.views import open_run
 
 
 @dataclass

@@ -32,7 +32,7 @@ One thing it cannot copy: numpy's partition leaves equal-comparing -0.0 and +0.0
 depends on its algorithm and the input order, while the radix order puts -0.0 first; so a sample
 holding both zeros where an order statistic falls may differ in the sign of that zero. Export
 samples are durations and gaps computed by subtraction (``x - x`` is +0.0), so they hold no -0.0.
-tests/test_reports_sample_stats.py compares every statistic with numpy's with ``==``.
+tests/reports/test_sample_stats.py compares every statistic with numpy's with ``==``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from reports.quantiles import select_ranks
+from replay.reports.quantiles import select_ranks
 
 PW_BLOCKSIZE = 128   # numpy's pairwise summation leaf size (loops_utils.h.src)
 UNIT = 1 << 16       # a subtree of the summation tree at most this big is read and summed at once (512 KB)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from replay.errors import ReplayError
+from replay.base.errors import ReplayError
 
 # Accepted keys; e2el is the spelling of `vllm bench serve --goodput`.
 _KEYS = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "e2el": "e2e"}

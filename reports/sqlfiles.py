@@ -9,4 +9,4 @@ from importlib import resources
 @cache
 def sql(name: str) -> str:
     """Text of ``reports/sql/<name>.sql`` (package data, so it works from an installed wheel too)."""
-    return resources.files("reports").joinpath("sql", f"{name}.sql").read_text(encoding="utf-8")
+    return resources.files("replay.reports").joinpath("sql", f"{name}.sql").read_text(encoding="utf-8")

@@ -9,30 +9,30 @@ that run.
 
 from __future__ import annotations
 
-from reports.metrics import LATENCIES, PROBS, RunMetrics, _dist, _one, itl_row
-from reports.slo import Slo
-from reports.views import Run
+from replay.reports.metrics import LATENCIES, PROBS, RunMetrics, dist_from_row, itl_row, query_one_row
+from replay.reports.slo import Slo
+from replay.reports.views import Run
 
 
 def summary_metrics(run: Run, slo: Slo | None = None) -> RunMetrics:
     """A RunMetrics whose headline() rows are complete; cdf, over-time and ideal fields are empty."""
     probs = list(PROBS)
-    lat = _one(run, "latency", probs=probs)
+    lat = query_one_row(run, "latency", probs=probs)
     itl, _ = itl_row(run, histograms=False)
     goodput = None
     if slo is not None and not slo.empty:
-        goodput = _one(run, "goodput", ttft=slo.ttft, tpot=slo.tpot, e2e=slo.e2e)
+        goodput = query_one_row(run, "goodput", ttft=slo.ttft, tpot=slo.tpot, e2e=slo.e2e)
     return RunMetrics(
-        dists={k: _dist(itl if k == "itl" else lat, k, []) for k in LATENCIES},
-        throughput=_one(run, "throughput"),
+        dists={k: dist_from_row(itl if k == "itl" else lat, k, []) for k in LATENCIES},
+        throughput=query_one_row(run, "throughput"),
         goodput=goodput,
         slo=slo.as_dict() if slo is not None else {},
-        preemptions=_one(run, "preemptions"),
-        reuse=_one(run, "reuse"),
+        preemptions=query_one_row(run, "preemptions"),
+        reuse=query_one_row(run, "reuse"),
         ideal=None,
         reuse_by_turn=[],
-        mtp=_one(run, "mtp"),
-        steps=_one(run, "steps_summary"),
+        mtp=query_one_row(run, "mtp"),
+        steps=query_one_row(run, "steps_summary"),
         bucket_ms=0.0,
         steps_over_time=[],
         latency_over_time=[],

@@ -13,17 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from replay.atomic import atomic_dir, write_text_atomic  # noqa: E402
-from reports.charts import COLORS, DPI, PNG_METADATA, SIZE  # noqa: E402
-from reports.fmt import DASH, md_table, num  # noqa: E402
-from reports.report import charts_dir_for  # noqa: E402
-from reports.sqlfiles import sql  # noqa: E402
-from reports.sweep_views import Sweep, open_sweep  # noqa: E402
+from replay.base.atomic import atomic_dir, write_text_atomic
+from replay.reports.fmt import DASH, md_table, num
+from replay.reports.plotting import COLORS, SIZE, plt, save_figure
+from replay.reports.report_files import charts_dir_for
+from replay.reports.sqlfiles import sql
+from replay.reports.sweep_views import Sweep, open_sweep
 
 TABLE_ROWS = 40          # ranked rows shown in the markdown (all are in sweep.parquet)
 MAX_LINES = 8            # per-key chart: lines (combinations of the other keys) drawn in colour
@@ -96,7 +91,7 @@ def pareto_chart(path: Path, points: list[dict[str, Any]]) -> Path:
     ax.set_title("Throughput per GPU against p99 TTFT (each point a config)")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="lower right", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def key_chart(path: Path, rows: list[dict[str, Any]], key: str, axes: list[str], rank: str) -> Path:
@@ -123,14 +118,8 @@ def key_chart(path: Path, rows: list[dict[str, Any]], key: str, axes: list[str],
         ax.grid(True, alpha=0.3)
     if others and groups:
         ax1.legend(fontsize=8, loc="best")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
-
-def _save(fig: plt.Figure, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI, metadata=PNG_METADATA)
-    plt.close(fig)
-    return path
 
 
 def _chart_name(key: str) -> str:

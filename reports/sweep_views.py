@@ -11,10 +11,10 @@ from typing import Any
 
 import duckdb
 
-from engine.output_schema import REQUESTS_FILE, STEPS_FILE
-from replay.duckdb_conn import connect
-from replay.errors import ReplayError
-from reports.sqlfiles import sql
+from replay.base.duckdb_conn import connect, sql_literal
+from replay.base.errors import ReplayError
+from replay.engine.output_schema import REQUESTS_FILE, STEPS_FILE
+from replay.reports.sqlfiles import sql
 
 SWEEP_FILE = "sweep.json"      # the names replay.sweep.store writes (reports does not import replay.sweep)
 TABLE_FILE = "sweep.parquet"
@@ -43,9 +43,6 @@ class Sweep:
         return self.root
 
 
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
 
 def open_sweep(root: str | Path, con: duckdb.DuckDBPyConnection | None = None) -> Sweep:
     root = Path(root)
@@ -58,12 +55,12 @@ def open_sweep(root: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
         raise ReplayError(f"{root}: no {TABLE_FILE} yet (the sweep has not finished: rerun `replay sweep` "
                           "with the same arguments to complete it)")
     con = con if con is not None else connect()
-    con.execute(f"CREATE OR REPLACE VIEW sweep AS SELECT * FROM read_parquet({_literal(str(table.resolve()))})")
+    con.execute(f"CREATE OR REPLACE VIEW sweep AS SELECT * FROM read_parquet({sql_literal(str(table.resolve()))})")
     names = [r[0] for r in con.execute("SELECT column_name FROM (DESCRIBE sweep)").fetchall()]
     axes = names[:names.index(FIRST_METRIC)] if FIRST_METRIC in names else []  # always the table's own
     has_plan = (root / PLAN_FILE).is_file() and info.get("command") == "plan"  # not a stale plan under a later sweep
     if has_plan:
-        con.execute(f"CREATE OR REPLACE VIEW plan AS SELECT * FROM read_parquet({_literal(str((root / PLAN_FILE).resolve()))})")
+        con.execute(f"CREATE OR REPLACE VIEW plan AS SELECT * FROM read_parquet({sql_literal(str((root / PLAN_FILE).resolve()))})")
     runs = con.execute("SELECT config_hash, outdir FROM sweep WHERE outdir IS NOT NULL AND error IS NULL "
                        "ORDER BY config_hash").fetchall()
     notes: list[str] = []
@@ -81,6 +78,6 @@ def open_sweep(root: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
         if not paths:
             notes.append(f"no run outdirs (a --summary-only sweep?): the `{kind}` view is unavailable")
             continue
-        listed = "[" + ", ".join(_literal(p) for p in paths) + "]"
+        listed = "[" + ", ".join(sql_literal(p) for p in paths) + "]"
         con.execute(sql("sweep_run_view").format(name=kind, paths=listed))
     return Sweep(root=root, info=info, con=con, axes=axes, has_plan=has_plan, notes=notes)

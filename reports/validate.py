@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ingest.schema import LABEL_COLUMNS, MEASURED_COLUMNS, TraceMetadata
-from replay.errors import ReplayError
-from reports.sqlfiles import sql
-from reports.views import Run, open_run
+from replay.base.errors import ReplayError
+from replay.ingest.schema import LABEL_COLUMNS, MEASURED_COLUMNS, TraceMetadata
+from replay.reports.sqlfiles import sql
+from replay.reports.views import Run, open_run
 
 METRICS = {"ttft": ("TTFT", "ms"), "tpot": ("TPOT", "ms"), "e2e": ("E2E latency", "ms"),
            "cached_tokens": ("cached prompt tokens", "tokens")}
@@ -77,7 +77,7 @@ def _measured_table(source: pa.Table, by: str | None, where: str, need_measureme
 
 def _load_measured(run: Run, measured: Path | None, ingest_options: dict[str, Any]) -> tuple[pa.Table, TraceMetadata | None, str]:
     if measured is not None:
-        from ingest import load_trace
+        from replay.ingest import load_trace
 
         table, meta = load_trace(measured, drop_failed=True, **ingest_options)
         return table, meta, str(measured)
@@ -198,44 +198,6 @@ def has_measurements(outdir: str | Path) -> bool:
     return any(c in names for c in COMPARED)
 
 
-@dataclass
-class ValidationOutput:
-    markdown: Path
-    charts: dict[str, Path]
-    validation: Validation
-
-
-def write_validation(outdir: str | Path, markdown: str | Path, *, measured: str | Path | None = None,
-                     by: str | None = None, charts: bool = True, json_path: str | Path | None = None,
-                     ingest_options: dict[str, Any] | None = None) -> ValidationOutput:
-    """Compute the validation and write markdown (+ PNG charts in ``<stem>_files/``, + JSON), atomically.
-
-    Every output is checked before anything is computed or written: none may be one of the inputs."""
-    from replay.atomic import atomic_dir, write_json_atomic, write_text_atomic
-    from reports.report import charts_dir_for, check_report_outputs, run_files
-    from reports.validate_charts import validation_charts
-    from reports.validate_render import render_validation
-
-    outdir, markdown = Path(outdir), Path(markdown)
-    run = open_run(outdir)
-    run.con.close()
-    inputs = run_files(outdir) + [run.trace_path, measured]
-    check_report_outputs(markdown, json_path, charts, inputs, [outdir, run.trace_path, measured])
-    v = compute_validation(outdir, measured=measured, by=by, ingest_options=ingest_options)
-    paths: dict[str, Path] = {}
-    rel: dict[str, str] = {}
-    if charts and v.samples:
-        final_dir = charts_dir_for(markdown)
-        with atomic_dir(final_dir, inputs=[outdir, run.trace_path, measured], kind="validate charts") as tmp:
-            made = validation_charts(tmp, v)
-        paths = {k: final_dir / p.name for k, p in made.items()}
-        rel = {k: f"{final_dir.name}/{p.name}" for k, p in made.items()}
-    write_text_atomic(markdown, render_validation(v, rel) + "\n", inputs)
-    if json_path is not None:
-        write_json_atomic(json_path, v.to_json(), inputs)
-    return ValidationOutput(markdown=markdown, charts=paths, validation=v)
-
-
 def label_groups(outdir: str | Path, by: str) -> list[dict[str, Any]]:
     """The run's headline metrics per value of the trace label ``by`` (``replay report --by``)."""
     run = open_run(outdir)
@@ -248,21 +210,3 @@ def label_groups(outdir: str | Path, by: str) -> list[dict[str, Any]]:
         return _records(run.con.execute(sql("validate_labels")))
     finally:
         run.con.close()
-
-
-def validation_appendix(outdir: str | Path, by: str | None = None) -> str:
-    """``replay report``'s extra sections: metrics per label (``by``) and, when the trace carries
-    measured columns, predictions against them ("" when neither applies). Tables only; ``replay
-    validate`` draws the charts."""
-    from reports.validate_render import labels_section, validation_section
-
-    out: list[str] = []
-    if by is not None:
-        out += ["", *labels_section(by, label_groups(outdir, by))]
-    if has_measurements(outdir):
-        try:
-            v = compute_validation(outdir, by=by)
-        except ReplayError as exc:  # e.g. no request matched: say so rather than fail the whole report
-            return "\n".join(out + ["", "## Predicted vs measured", "", f"Not computed: {exc}", ""])
-        out += ["", *validation_section(v, {}), "Charts: `replay validate " + str(outdir) + "`.", ""]
-    return "\n".join(out)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reports.charts import COLORS, _save, _use_log, cdf_chart, plt
-from reports.validate import METRICS, Validation
+from replay.reports.plotting import COLORS, cdf_chart, plt, save_figure, use_log_scale
+from replay.reports.validate import METRICS, Validation
 
 CDF_POINTS = 2000  # at most this many evenly spaced order statistics per curve (exact at each point)
 
@@ -24,7 +24,7 @@ def scatter_chart(path: Path, v: Validation) -> Path:
         ax.scatter(xs, ys, s=8, alpha=0.5, color=COLORS[0], label="request")
         lo, hi = min(xs + ys), max(xs + ys)
         ax.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--", label="predicted = measured")
-        if _use_log(xs + ys) and lo > 0:
+        if use_log_scale(xs + ys) and lo > 0:
             ax.set_xscale("log")
             ax.set_yscale("log")
         ax.set_xlabel(f"measured {label} ({unit})")
@@ -32,7 +32,7 @@ def scatter_chart(path: Path, v: Validation) -> Path:
         ax.set_title(label)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper left", fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _empirical_cdf(values: list[float]) -> list[tuple[float, float]]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from reports.fmt import md_table, num
-from reports.validate import METRICS, NO_GROUP, Validation
+from replay.reports.fmt import md_table, num
+from replay.reports.validate import METRICS, NO_GROUP, Validation
 
 ERROR_NOTE = ("Error = predicted - measured, per finished request matched by request_id. MAPE = mean of "
               "|error| / measured over requests with a positive measurement; bias = mean error (positive: the "

@@ -18,7 +18,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.output_schema import (
+from replay.base.duckdb_conn import connect, sql_literal
+from replay.base.errors import ReplayError, TraceError
+from replay.engine.output_schema import (
     CHUNKS_FILE,
     CHUNKS_SCHEMA,
     REQUESTS_FILE,
@@ -27,10 +29,8 @@ from engine.output_schema import (
     STEPS_FILE,
     STEPS_SCHEMA,
 )
-from ingest.schema import TRACE_SCHEMA, TraceMetadata
-from replay.duckdb_conn import connect
-from replay.errors import ReplayError, TraceError
-from reports.sqlfiles import sql
+from replay.ingest.schema import TRACE_SCHEMA, TraceMetadata
+from replay.reports.sqlfiles import sql
 
 # The output views; `trace` is added when the run's trace can be found.
 OUTPUT_VIEWS = {"requests": (REQUESTS_FILE, REQUESTS_SCHEMA), "chunks": (CHUNKS_FILE, CHUNKS_SCHEMA),
@@ -41,9 +41,6 @@ SINGLE_REPLICA_COLUMN = {"requests": "*, CASE WHEN status = 'rejected' THEN NULL
                          "steps": "*, 0::INTEGER AS replica"}
 LOCAL_TRACE = "trace.parquet"
 
-
-def _literal(path: Path) -> str:
-    return "'" + str(path).replace("'", "''") + "'"
 
 
 @dataclass
@@ -98,8 +95,8 @@ def _check_columns(path: Path, schema) -> list[str]:
 
 def _trace_fingerprint(path: Path) -> str:
     """The content fingerprint ``replay run`` records (engine.run._fingerprint over the canonical table)."""
-    from engine.run import _fingerprint
-    from ingest.schema import read_trace
+    from replay.engine.run import _fingerprint
+    from replay.ingest.schema import read_trace
 
     table, _ = read_trace(path)
     fingerprint = _fingerprint(table)
@@ -148,7 +145,7 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
         path = outdir / filename
         names = _check_columns(path, schema)
         columns = SINGLE_REPLICA_COLUMN.get(name, "*") if "replica" not in names else "*"
-        con.execute(VIEW_SQL.format(name=name, columns=columns, path=_literal(path.resolve()), options=""))
+        con.execute(VIEW_SQL.format(name=name, columns=columns, path=sql_literal(path.resolve()), options=""))
     notes: list[str] = []
     trace_path = _find_trace(outdir, info, notes)
     meta = None
@@ -161,7 +158,7 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
             raise TraceError(f"cannot read the run's trace: {exc}", path=str(trace_path)) from None
         _check_columns(trace_path, TRACE_SCHEMA)
         columns = ", ".join(TRACE_SCHEMA.names)
-        lit = _literal(trace_path.resolve())
+        lit = sql_literal(trace_path.resolve())
         # A run limited by load.max_requests replayed the trace's first rows only: the trace views
         # (and so the infinite-cache ideal) cover exactly those.
         t = info.get("trace") or {}

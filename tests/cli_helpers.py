@@ -19,8 +19,8 @@ def invoke(*args: str):
 
 def write_sample_trace(path: Path, rows: int = 60) -> Path:
     """The first ``rows`` rows of the bundled Mooncake sample as a canonical Parquet trace."""
-    from ingest import load_trace
-    from ingest.schema import TRACE_SCHEMA
+    from replay.ingest import load_trace
+    from replay.ingest.schema import TRACE_SCHEMA
 
     table, meta = load_trace(SAMPLE)
     table = table.slice(0, rows).cast(TRACE_SCHEMA).replace_schema_metadata(meta.to_parquet_metadata())

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 # The suite runs the engine from its Python source (some tests swap pool classes and methods, which
-# compiled classes do not allow); tests/test_native_core.py runs the compiled core against it.
+# compiled classes do not allow); tests/engine/test_native_core.py runs the compiled core against it.
 # Set before anything imports the engine; REPLAY_PURE_PYTHON="" in the environment selects the
 # compiled core instead.
 os.environ.setdefault("REPLAY_PURE_PYTHON", "1")

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from engine.config import EngineConfig
-from engine.run import EngineSetup, replay_trace
-from engine.timing.base import StepBreakdown, StepShape
-from ingest.schema import TRACE_SCHEMA, TraceMetadata
+from replay.engine.config import EngineConfig
+from replay.engine.run import EngineSetup, replay_trace
+from replay.engine.timing.base import StepBreakdown, StepShape
+from replay.ingest.schema import TRACE_SCHEMA, TraceMetadata
 
 
 class FixedTimer:

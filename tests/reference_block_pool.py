@@ -1,5 +1,5 @@
 """The per-block GPU pool the engine used before anonymous runs: the reference engine/block_pool.py is
-tested against (tests/test_engine_real_traces.py replays traffic with both, byte for byte).
+tested against (tests/engine/test_real_traces.py replays traffic with both, byte for byte).
 
 Every block is an entry of the free queue, a physical id recycled forever; a free block's value is
 its key (None: uncached, 0: private, cached but in no map).

@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.config import EngineConfig
-from engine.output_schema import (
+from replay.engine.config import EngineConfig
+from replay.engine.output_schema import (
     CHUNKS_FILE,
     CHUNKS_SCHEMA,
     REQUESTS_FILE,
@@ -32,7 +32,7 @@ from engine.output_schema import (
     STEPS_FILE,
     STEPS_SCHEMA,
 )
-from ingest.schema import TRACE_SCHEMA, TraceMetadata
+from replay.ingest.schema import TRACE_SCHEMA, TraceMetadata
 
 GPU_BLOCK = 16
 
@@ -189,8 +189,8 @@ def _config_dump(spec: RunSpec) -> dict:
 
 def _trace_fingerprint(path: Path) -> str:
     """What `replay run` records: the content fingerprint of the canonical table (engine.run)."""
-    from engine.run import _fingerprint
-    from ingest.schema import read_trace
+    from replay.engine.run import _fingerprint
+    from replay.ingest.schema import read_trace
 
     return _fingerprint(read_trace(path)[0])
 

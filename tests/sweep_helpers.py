@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from ingest.schema import TRACE_SCHEMA, TraceMetadata
+from replay.ingest.schema import TRACE_SCHEMA, TraceMetadata
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "sample_traces" / "mooncake_sessions.jsonl"

@@ -20,8 +20,8 @@ from bench.compare.compare import Job, compare
 from bench.compare.traces import TraceInputError
 from bench.compare.translate import TranslationError
 from bench.compare.workloads import WORKLOADS_FILE, Skip, WorkloadError, load_workloads, resolve_trace
-from replay.atomic import write_text_atomic
-from replay.errors import ReplayError
+from replay.base.atomic import write_text_atomic
+from replay.base.errors import ReplayError
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 DEFAULT_WORK = Path("/tmp/replay-compare")

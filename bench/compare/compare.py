@@ -31,7 +31,7 @@ from bench.compare.runner import (
 )
 from bench.compare.traces import prepare
 from bench.compare.translate import PeerTraffic, translate
-from engine.config import load_config
+from replay.engine.config import load_config
 
 # Agreement targets from issue 7: reuse within 0.01 absolute; mean TTFT and mean ITL within 10%
 # with `timing: aic`, within 20% with the default roofline.
@@ -71,7 +71,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def versions() -> dict[str, str | None]:
-    from replay import __version__
+    from replay.base.version import __version__
 
     commit = None
     try:

@@ -28,7 +28,7 @@ import duckdb
 import numpy as np
 import pyarrow.parquet as pq
 
-from engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, STATUS_FINISHED
+from replay.engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, STATUS_FINISHED
 
 # One gap per consecutive pair of chunks of a request; the per-request mean and the pooled mean.
 CHUNK_GAPS_SQL = """

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from replay.atomic import write_json_atomic, write_text_atomic
+from replay.base.atomic import write_json_atomic, write_text_atomic
 
 # (key, label, format) in the order they are shown.
 ROWS: tuple[tuple[str, str, str], ...] = (

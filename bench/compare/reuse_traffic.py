@@ -23,7 +23,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from bench.compare.traces import write_canonical
-from ingest.schema import TRACE_SCHEMA, TraceMetadata
+from replay.ingest.schema import TRACE_SCHEMA, TraceMetadata
 
 BLOCK_TOKENS = 512
 

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ingest.schema import TRACE_SCHEMA, TraceMetadata, is_canonical_trace, read_trace
-from replay.atomic import atomic_path
+from replay.base.atomic import atomic_path
+from replay.ingest.schema import TRACE_SCHEMA, TraceMetadata, is_canonical_trace, read_trace
 
 # Mooncake's own block size (spec/trace-formats.md): tokens covered by one hash id.
 MOONCAKE_BLOCK_SIZE = 512

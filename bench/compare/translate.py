@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import EngineConfig
+from replay.engine.config import EngineConfig
 
 # Our catalog names (vLLM / Hugging Face ids) -> AISimulate's bundled model configs.
 MODEL_MAP: dict[str, str] = {

@@ -20,15 +20,15 @@ from bench.vllm_parity.workloads import Workload
 
 def _old_free_order() -> None:
     """Rule 1 undone: freed blocks without a hash join the tail like cached ones."""
-    from engine.block_pool import BlockPool
+    from replay.engine.block_pool import BlockPool
 
     BlockPool._prepend_uncached = lambda self, n: self._append_run(n, False)
 
 
 def _no_admission_lookahead() -> None:
     """Rule 2 undone: a request with no computed tokens is admitted without lookahead slots."""
-    from engine.kv_cache_manager import KVCacheManager
-    from engine.request import RequestStatus
+    from replay.engine.kv_cache_manager import KVCacheManager
+    from replay.engine.request import RequestStatus
 
     orig = KVCacheManager.allocate_slots
 
@@ -42,7 +42,7 @@ def _no_admission_lookahead() -> None:
 
 def _cache_when_computed_past_lookahead() -> None:
     """Rule 3 undone: a block is cached only once its lookahead tokens are computed too."""
-    from engine.kv_cache_manager import KVCacheManager
+    from replay.engine.kv_cache_manager import KVCacheManager
 
     def cache_blocks(self, req, num_computed_tokens):
         num_full = (num_computed_tokens - self.hash_lookahead) // self.block_size
@@ -58,7 +58,7 @@ def _cache_when_computed_past_lookahead() -> None:
 
 def _lookahead_k_always() -> None:
     """Rule 4 undone: the hash lookahead is k whatever the MTP head's layer count."""
-    import engine.scheduler as s
+    import replay.engine.scheduler as s
 
     s.prefill_lookahead = lambda config: config.speculative.num_speculative_tokens if config.speculative else 0
 

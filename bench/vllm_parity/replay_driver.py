@@ -14,11 +14,11 @@ import numpy as np
 from bench.vllm_parity.model_configs import model_dir
 from bench.vllm_parity.tables import StepRecorder, Tables
 from bench.vllm_parity.workloads import BLOCK_SIZE, HASH_BLOCK_SIZE, Workload, request_inputs
-from engine.block_keys import BlockKeys
-from engine.config import EngineConfig
-from engine.request import Request
-from engine.scheduler import build_scheduler
-from engine.trace_input import chained_ids, is_chained, shared_lead
+from replay.engine.block_keys import BlockKeys
+from replay.engine.config import EngineConfig
+from replay.engine.request import Request
+from replay.engine.scheduler import build_scheduler
+from replay.engine.trace_input import chained_ids, is_chained, shared_lead
 
 MAX_STEPS = 200_000
 MAX_MODEL_LEN = 131072  # as the vLLM driver (Llama-3.1-8B max_position_embeddings)

@@ -76,7 +76,7 @@ def run_vllm(w: Workload, rows: list[dict], models_root: Path) -> tuple[Tables, 
     from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
     from vllm.v1.request import Request
 
-    from engine.spec_decode import AcceptanceSampler
+    from replay.engine.spec_decode import AcceptanceSampler
 
     sched, vllm_config = build_scheduler(w, models_root)
     meta = {"vllm_version": __import__("vllm").__version__,

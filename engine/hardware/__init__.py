@@ -12,7 +12,7 @@ from importlib import resources
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from replay.errors import ConfigError
+from replay.base.errors import ConfigError
 
 __all__ = ["Figure", "HardwareProfile", "TimingParams", "get_hardware", "list_hardware"]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from engine.models.spec import ModelSpec, spec_from_hf_config
-from replay.errors import ConfigError
+from replay.base.errors import ConfigError
+from replay.engine.models.spec import ModelSpec, spec_from_hf_config
 
 __all__ = ["ModelSpec", "get_model", "list_models", "spec_from_hf_config"]
 

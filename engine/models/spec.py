@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from replay.errors import ConfigError
+from replay.base.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)

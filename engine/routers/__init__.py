@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from engine.routers.base import Router, RouterContext
-from engine.routers.kv_aware import KvAwareRouter
-from engine.routers.least_loaded import LeastLoadedRouter
-from engine.routers.options import OPTIONS_BY_ROUTER
-from engine.routers.prefix_score import PrefixScoreRouter
-from engine.routers.simple import RandomRouter, RoundRobinRouter, SessionAffinityRouter
+from replay.engine.routers.base import Router, RouterContext
+from replay.engine.routers.kv_aware import KvAwareRouter
+from replay.engine.routers.least_loaded import LeastLoadedRouter
+from replay.engine.routers.options import OPTIONS_BY_ROUTER
+from replay.engine.routers.prefix_score import PrefixScoreRouter
+from replay.engine.routers.simple import RandomRouter, RoundRobinRouter, SessionAffinityRouter
 
 ROUTERS: dict[str, type[Router]] = {
     cls.name: cls

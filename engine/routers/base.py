@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from engine.request import Request
-from engine.trace_input import TraceArrays
+from replay.engine.request import Request
+from replay.engine.trace_input import TraceArrays
 
 if TYPE_CHECKING:
-    from engine.core import EngineCore
+    from replay.engine.core import EngineCore
 
 
 @dataclass

@@ -29,8 +29,8 @@ import math
 from collections import deque
 from itertools import takewhile
 
-from engine.request import Request
-from engine.routers.base import Router, RouterContext
+from replay.engine.request import Request
+from replay.engine.routers.base import Router, RouterContext
 
 
 def _leading_run(keys: list[int], contains) -> int:

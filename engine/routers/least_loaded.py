@@ -20,8 +20,8 @@ replicas' exact state at every arrival.
 
 from __future__ import annotations
 
-from engine.request import Request
-from engine.routers.base import Router, RouterContext
+from replay.engine.request import Request
+from replay.engine.routers.base import Router, RouterContext
 
 
 class LeastLoadedRouter(Router):

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from engine.request import Request
-from engine.routers.base import Router, RouterContext
+from replay.engine.request import Request
+from replay.engine.routers.base import Router, RouterContext
 
 
 class PrefixScoreRouter(Router):

@@ -7,9 +7,9 @@ from bisect import bisect_left
 
 import numpy as np
 
-from engine.request import Request
-from engine.routers.base import Router, RouterContext
-from engine.spec_decode import _splitmix64  # the same well-mixed 64-bit hash the MTP draws use
+from replay.engine.request import Request
+from replay.engine.routers.base import Router, RouterContext
+from replay.engine.spec_decode import _splitmix64  # the same well-mixed 64-bit hash the MTP draws use
 
 
 def _hash64(text: str) -> int:

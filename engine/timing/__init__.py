@@ -8,18 +8,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.hardware import get_hardware
-from engine.kv_capacity import kv_dtype as kv_dtype_of
-from engine.models import ModelSpec, get_model
-from engine.timing.base import StepBreakdown, StepShape, StepTimer, shape_from_requests
-from engine.timing.roofline import RooflineParams, RooflineTimer
-from replay.errors import ConfigError
+from replay.base.errors import ConfigError
+from replay.engine.hardware import get_hardware
+from replay.engine.models import ModelSpec, get_model
+from replay.engine.timing.base import StepBreakdown, StepShape, StepTimer, shape_from_requests
+from replay.engine.timing.roofline import RooflineParams, RooflineTimer
 
 if TYPE_CHECKING:
-    from engine.config import EngineConfig
+    from replay.engine.config import EngineConfig
 
 __all__ = ["RooflineParams", "RooflineTimer", "StepBreakdown", "StepShape", "StepTimer", "build_timer",
-           "kv_dtype_of", "resolve_drafter", "shape_from_requests"]
+           "resolve_drafter", "shape_from_requests"]
 
 
 def resolve_drafter(config: EngineConfig, model: ModelSpec) -> str | None:
@@ -38,19 +37,19 @@ def build_timer(config: EngineConfig) -> StepTimer:
     model = get_model(config.model)
     hw = get_hardware(config.hardware)
     drafter = resolve_drafter(config, model)
-    kv_dtype = kv_dtype_of(config)
+    kv_dtype = config.kv_cache_dtype()
     timing = config.timing
     if timing.backend == "aic":
         if timing.profile is not None:
             raise ConfigError("timing.profile calibrates the roofline backend; remove it or use backend: roofline")
-        from engine.timing.aic import AicTimer
+        from replay.engine.timing.aic import AicTimer
         host = timing.host_overhead_ms if timing.host_overhead_ms is not None else hw.timing.host_overhead_ms.value
         nextn = config.speculative.num_speculative_tokens if config.speculative is not None else 0
         return AicTimer(model, hw, tp=config.tensor_parallel_size, dtype=config.dtype, kv_dtype=kv_dtype,
                         host_overhead_ms=host, nextn=nextn, exact=timing.aic_exact)
     params = RooflineParams.from_hardware(hw)
     if timing.profile is not None:
-        from engine.timing.profile import load_profile
+        from replay.engine.timing.profile import load_profile
         prof = load_profile(timing.profile)
         if prof.hardware != hw.name:
             raise ConfigError(f"{timing.profile}: profile was calibrated on {prof.hardware!r}, "

@@ -25,11 +25,11 @@ import logging
 import threading
 from typing import Any
 
-from engine.hardware import HardwareProfile
-from engine.models import ModelSpec
-from engine.timing.aic_decode import AicDecodeRun, DecodeTable
-from engine.timing.base import StepBreakdown, StepShape
-from replay.errors import ConfigError
+from replay.base.errors import ConfigError
+from replay.engine.hardware import HardwareProfile
+from replay.engine.models import ModelSpec
+from replay.engine.timing.aic_decode import AicDecodeRun, DecodeTable
+from replay.engine.timing.base import StepBreakdown, StepShape
 
 AIC_VERSION = "0.12.0"
 INSTALL_HINT = "pip install 'aiconfigurator-core==0.12.0' (or pip install -e '.[aic]')"
@@ -50,7 +50,7 @@ def aic_available() -> bool:
 
 
 def _supported_models() -> list[str]:
-    from engine.models import get_model, list_models
+    from replay.engine.models import get_model, list_models
     return [n for n in list_models() if get_model(n).aic_name]
 
 

@@ -77,7 +77,7 @@ class DecodeTable:
     """Decode-only kernel time for one decode batch size n, as a function of a = KV tokens // n.
 
     Every value is a function of a alone: the memories below only skip the segment search (the
-    values are the same either way, to the bit; tests/test_timing_aic.py shuffles the call order)."""
+    values are the same either way, to the bit; tests/engine/test_timing_aic.py shuffles the call order)."""
 
     def __init__(self, direct: DirectCall, n: int) -> None:
         self.direct = direct

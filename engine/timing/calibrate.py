@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from engine.hardware import HardwareProfile
-from engine.models import ModelSpec
-from engine.timing.base import StepShape, shape_from_requests
-from engine.timing.roofline import RooflineParams, RooflineTimer
-from replay.errors import ConfigError, TraceError
+from replay.base.errors import ConfigError, TraceError
+from replay.engine.hardware import HardwareProfile
+from replay.engine.models import ModelSpec
+from replay.engine.timing.base import StepShape, shape_from_requests
+from replay.engine.timing.roofline import RooflineParams, RooflineTimer
 
 STEP_COLUMNS = ("prefill_tokens", "prefill_cached", "decode_ctx", "draft_tokens", "measured_ms")
 

@@ -1,6 +1,6 @@
 """The comparison grid of docs/timing.md: roofline against aiconfigurator-core on one set of steps.
 
-Shared by the accuracy test (tests/test_timing_aic.py) and the table generator (bench/aic_grid.py), so
+Shared by the accuracy test (tests/engine/test_timing_aic.py) and the table generator (bench/aic_grid.py), so
 the documented numbers and the checked numbers come from the same steps.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import astuple, dataclass
 
-from engine.timing.base import StepShape, shape_from_requests
+from replay.engine.timing.base import StepShape, shape_from_requests
 
 DECODE_BATCHES = (1, 4, 16, 64, 128, 256)
 DECODE_CONTEXTS = (512, 2048, 8192, 32768)

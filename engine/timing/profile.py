@@ -7,9 +7,9 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.timing.roofline import RooflineParams
-from replay.atomic import write_text_atomic
-from replay.errors import ConfigError
+from replay.base.atomic import write_text_atomic
+from replay.base.errors import ConfigError
+from replay.engine.timing.roofline import RooflineParams
 
 PROFILE_KIND = "replay-timing-profile"
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from engine.hardware import HardwareProfile
-from engine.models import ModelSpec
-from engine.timing.base import StepBreakdown, StepShape
-from engine.timing.roofline_decode import RooflineDecodeRun
+from replay.engine.hardware import HardwareProfile
+from replay.engine.models import ModelSpec
+from replay.engine.timing.base import StepBreakdown, StepShape
+from replay.engine.timing.roofline_decode import RooflineDecodeRun
 
 _BYTES = {"bf16": 2, "fp8": 1}
 _ACT_BYTES = 2  # activations all-reduced in BF16 (vLLM keeps the residual stream in the model dtype)
@@ -211,7 +211,7 @@ class RooflineTimer:
         drafts), so decode windows can time a run of steps in compiled code: (t, kv_c, da_c, tail,
         host) where a step over ``ctx`` context tokens lasts
         ``((t + max(ctx * kv_c, ctx * nrun / nrun * da_c)) + tail) + host``, evaluated in exactly
-        that order (engine/timing/roofline_decode.py; tests/test_timing_roofline.py requires
+        that order (engine/timing/roofline_decode.py; tests/engine/test_timing_roofline.py requires
         bit-identical results). The first lines repeat step_ms's on purpose: step_ms stays one flat
         function (it is called for every step), and the test fails if the two drift."""
         T = nrun

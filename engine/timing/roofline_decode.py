@@ -12,7 +12,7 @@ def decode_step_times(terms: tuple[float, float, float, float, float], nrun: int
                       durations: list[float], times: list[float]) -> None:
     """Append ``count`` decode-only steps of ``nrun`` requests whose context starts at ``ctx``: each
     duration as RooflineTimer.step_ms computes it, from its decode_step_terms, in the same order of
-    operations (bit-identical, tests/test_timing_roofline.py), and each end time as the previous
+    operations (bit-identical, tests/engine/test_timing_roofline.py), and each end time as the previous
     plus the duration. Compiled, this is a few nanoseconds a step with no numpy call per window."""
     t, kv_c, da_c, tail, host = terms
     cur = times[-1]

@@ -22,7 +22,7 @@ READERS: dict[str, type[Reader]] = {
     r.name: r
     for r in (MooncakeReader, BailianReader, AzureReader, BurstGPTReader, RequestsReader,
               GenericCsvReader, GenericJsonlReader,
-              # tool logs carrying measured latencies and labels (ingest/readers/_records.py)
+              # tool logs carrying measured latencies and labels (ingest/readers/records.py)
               VllmBenchReader, SglangBenchReader, AiperfReader, OpenAIBatchInputReader, OpenAIBatchOutputReader,
               LiteLLMReader, LangfuseReader, HeliconeReader, OtelReader, ConversationReader, LmsysReader,
               MooncakeTextReader, GenaiPerfReader)

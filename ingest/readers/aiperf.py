@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ._records import Bad, Item, RecordReader, json_lines, number, to_ms
 from .base import ReaderInfo
+from .records import Bad, Item, RecordReader, json_lines, number, to_ms
 
 _EXTRAS = ("measured_ttft_ms", "measured_e2e_ms", "measured_tpot_ms", "measured_itl_ms", "measured_itl_mean_ms")
 

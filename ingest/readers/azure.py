@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ._csv import CsvSource, read_header
 from .base import Col, Reader, ReaderInfo, Staged, stage
+from .csv_source import CsvSource, read_header
 
 SPEC = {
     "t_ms": Col(("TIMESTAMP",), "time:iso"),

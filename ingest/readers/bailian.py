@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._jsonl import JsonlSource
 from .base import Col, Reader, ReaderInfo, Staged, stage
+from .jsonl import JsonlSource
 
 DEFAULT_BLOCK_SIZE = 16  # the release's hash block size (trace-formats.md)
 

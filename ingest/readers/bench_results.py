@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from replay.errors import TraceError
+from replay.base.errors import TraceError
 
-from ._records import Bad, Item, RecordReader, load_json_document, number, tpot_ms
 from .base import ReaderInfo
+from .records import Bad, Item, RecordReader, load_json_document, number, tpot_ms
 
 _RUN_KEYS = ("date", "backend", "endpoint_type", "label", "model_id", "tokenizer_id", "num_prompts",
              "request_rate", "burstiness", "max_concurrency", "dataset_name", "duration", "completed",

@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from replay.errors import TraceError
+from replay.base.errors import TraceError
 
 from ..hashing import render_messages
-from ._records import Bad, Item, RecordReader, TextIds, load_json_document
 from .base import ReaderInfo
+from .records import Bad, Item, RecordReader, TextIds, load_json_document
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default KV block size, as for request logs
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant",

@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from replay.errors import TraceError
+from replay.base.errors import TraceError
 
-from ._records import (
+from .base import ReaderInfo
+from .records import (
     Bad,
     Item,
     RecordReader,
@@ -33,7 +34,6 @@ from ._records import (
     to_ms,
     tpot_ms,
 )
-from .base import ReaderInfo
 
 _EXTRAS = ("measured_ttft_ms", "measured_e2e_ms", "measured_tpot_ms", "measured_cached_tokens",
            "model", "tenant", "request_type")

@@ -18,10 +18,10 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from replay.errors import TraceError
+from replay.base.errors import TraceError
 
-from ._records import Bad, Item, RecordReader, TextIds, first, load_json_document, number, text_of, tpot_ms
 from .base import ReaderInfo
+from .records import Bad, Item, RecordReader, TextIds, first, load_json_document, number, text_of, tpot_ms
 
 DEFAULT_BLOCK_SIZE = 16
 _EXTRAS = ("measured_ttft_ms", "measured_e2e_ms", "measured_tpot_ms", "measured_itl_ms", "measured_itl_mean_ms",

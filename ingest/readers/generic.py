@@ -17,13 +17,13 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replay.errors import ConfigError
+from replay.base.errors import ConfigError
 
 from ..rejections import Rejection
 from ..schema import OPTIONAL_SCHEMA, optional_columns
-from ._csv import CsvSource
-from ._jsonl import JsonlSource, first_record
 from .base import Col, Reader, ReaderInfo, Staged, stage
+from .csv_source import CsvSource
+from .jsonl import JsonlSource, first_record
 
 
 def _optional_kind(typ: pa.DataType) -> str:

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from ._jsonl import JsonlSource
 from .base import Col, Reader, ReaderInfo, Staged, stage
 from .generic import flatten_structs
+from .jsonl import JsonlSource
 
 DEFAULT_BLOCK_SIZE = 512  # tokens per hash id in the FAST'25 release (its README and trace-formats.md)
 

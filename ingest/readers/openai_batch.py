@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ._records import Bad, Item, RecordReader, TextIds, first, json_lines, number, text_of
 from .base import ReaderInfo
+from .records import Bad, Item, RecordReader, TextIds, first, json_lines, number, text_of
 
 DEFAULT_BLOCK_SIZE = 16
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ._records import Bad, Item, RecordReader, duration_ms, load_json_document, number
 from .base import ReaderInfo
+from .records import Bad, Item, RecordReader, duration_ms, load_json_document, number
 
 _EXTRAS = ("measured_e2e_ms", "measured_cached_tokens", "model", "request_type")
 

@@ -25,9 +25,9 @@ import pyarrow as pa
 from ..columns import parse_time_ms
 from ..hashing import Tokenizer, chain_hash_blocks, render_messages
 from ..rejections import Rejection
-from ._jsonl import _I64_MAX, first_record, json_objects
-from ._records import fit_ids
 from .base import STAGED_TYPES, Reader, ReaderInfo, Staged, staged_table
+from .jsonl import I64_MAX, first_record, json_objects
+from .records import fit_ids
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default KV block size: exact identity at the engine's granularity
 _BATCH = 16_384
@@ -45,7 +45,7 @@ def _int(obj: dict, key: str) -> int | None:
     v = obj.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or not -_I64_MAX <= v <= _I64_MAX:
+    if isinstance(v, bool) or not isinstance(v, int) or not -I64_MAX <= v <= I64_MAX:
         raise _Bad(key, f"not an integer: {json.dumps(v)[:60]}")
     return v
 

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from replay.errors import ReplayError
+from replay.base.errors import ReplayError
 
 console = Console()
 err_console = Console(stderr=True)

@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from replay.base.errors import ConfigError
 from replay.commands._common import console, user_errors
-from replay.errors import ConfigError
 
 
 def calibrate(
@@ -30,10 +30,10 @@ def calibrate(
     """Fit eta_compute, eta_attention, eta_memory and the host overhead (or tau_layer, when
     --host-overhead-ms pins the host term) to measured steps; write a profile and print the fit error."""
     with user_errors():
-        from engine.hardware import get_hardware
-        from engine.models import get_model
-        from engine.timing.calibrate import fit, read_steps_csv
-        from engine.timing.profile import FitStats, ProfileParams, TimingProfile, save_profile
+        from replay.engine.hardware import get_hardware
+        from replay.engine.models import get_model
+        from replay.engine.timing.calibrate import fit, read_steps_csv
+        from replay.engine.timing.profile import FitStats, ProfileParams, TimingProfile, save_profile
 
         if dtype not in ("bf16", "fp8") or kv_dtype not in ("auto", "bf16", "fp8"):
             raise ConfigError("--dtype must be bf16 or fp8; --kv-dtype auto, bf16 or fp8")

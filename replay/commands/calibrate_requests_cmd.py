@@ -28,10 +28,10 @@ def register(app: typer.Typer) -> None:
         """Fit eta_compute, eta_memory and the host overhead to per-request TTFT/TPOT by replaying the log;
         print the error before and after on held-out requests and write a timing profile."""
         with user_errors():
-            from replay.atomic import check_output_file
+            from replay.base.atomic import check_output_file
             from replay.calibrate_requests import FITTED, calibrate_from_requests, save_request_profile
-            from reports.report import run_files
-            from reports.views import read_run_json
+            from replay.reports.report_files import run_files
+            from replay.reports.views import read_run_json
 
             info = read_run_json(outdir)
             check_output_file(output, run_files(outdir) + [(info.get("trace") or {}).get("path"), measured])

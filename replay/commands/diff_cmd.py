@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from replay.base.errors import ReplayError
 from replay.commands._common import console, user_errors
-from replay.errors import ReplayError
 
 
 def _run_shortcut(trace: Path, config_a: Path | None, config_b: Path | None, set_a: list[str], set_b: list[str],
@@ -32,8 +32,8 @@ def _run_shortcut(trace: Path, config_a: Path | None, config_b: Path | None, set
 
 
 def _summary(d) -> Table:
-    from reports.diff import KEY_METRICS
-    from reports.fmt import change, num
+    from replay.reports.diff import KEY_METRICS
+    from replay.reports.fmt import change, num
 
     na, nb = d.names
     table = Table(title=f"replay diff: {na} vs {nb}", title_justify="left")
@@ -76,8 +76,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compare two replays of the same trace: config changes, every metric, paired per-request deltas."""
         with user_errors():
-            from reports.diff import diff_runs, verdict_lines, write_diff
-            from reports.slo import parse_slo
+            from replay.reports.diff import diff_runs, verdict_lines, write_diff
+            from replay.reports.slo import parse_slo
 
             parsed_slo = parse_slo(slo)
             if config_a is not None or config_b is not None or set_a or set_b:

@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a replay's per-request results as vllm bench or aiperf would, to compare in those tools."""
         with user_errors():
-            from reports.export import export as do_export
+            from replay.reports.export import export as do_export
 
             dest = do_export(outdir, format, output)
         console.print(f"wrote [bold]{dest}[/] ({format})")

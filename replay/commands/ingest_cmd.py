@@ -33,8 +33,8 @@ def register(app: typer.Typer) -> None:
                                                                       "e.g. BurstGPT) instead of rejecting them."),
     ) -> None:
         """Convert a trace to the canonical Parquet schema (docs/trace-schema.md), validating every row."""
-        from ingest.api import convert
-        from ingest.options import parse_map_flags
+        from replay.ingest.api import convert
+        from replay.ingest.options import parse_map_flags
 
         with user_errors():
             dest = output or Path(source.name.split(".")[0] + ".parquet")

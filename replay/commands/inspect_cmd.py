@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from replay.base.errors import ConfigError
 from replay.commands._common import console, user_errors
-from replay.errors import ConfigError
 
 
 def _capacities(text: str) -> list[int]:
@@ -46,9 +46,9 @@ def register(app: typer.Typer) -> None:
         drop_failed: bool = typer.Option(False, "--drop-failed", help="Drop failed requests (zero output tokens)."),
     ) -> None:
         """Rows, span, rate, burstiness, length percentiles, sessions and prefix reuse of a trace."""
-        from ingest.api import inspect_trace
-        from ingest.measured_stats import label_summary, measured_summary
-        from ingest.options import parse_map_flags
+        from replay.ingest.api import inspect_trace
+        from replay.ingest.measured_stats import label_summary, measured_summary
+        from replay.ingest.options import parse_map_flags
 
         with user_errors():
             caps = _capacities(lru_blocks)

@@ -8,9 +8,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from replay.base.errors import ReplayError
 from replay.commands._common import console, user_errors
 from replay.commands.sweep_cmd import GRID_HELP, RAY_HELP
-from replay.errors import ReplayError
 
 
 def plan(

@@ -23,18 +23,18 @@ def register(app: typer.Typer) -> None:
                                                          "request_type or priority."),
     ) -> None:
         """Summarize one replay (or a sweep directory: ranked configs, best per SLO, Pareto chart)."""
-        from reports.sweep_views import is_sweep_dir
+        from replay.reports.sweep_views import is_sweep_dir
 
         if is_sweep_dir(outdir):
             with user_errors():
-                from reports.sweep_report import write_sweep_report
+                from replay.reports.sweep_report import write_sweep_report
 
                 done = write_sweep_report(outdir, output, charts=charts)
             console.print(f"wrote [bold]{done.markdown}[/] ({done.rows} configs, {len(done.charts)} charts)")
             return
         with user_errors():
-            from reports.report import write_report
-            from reports.slo import parse_slo
+            from replay.reports.report import write_report
+            from replay.reports.slo import parse_slo
 
             result = write_report(outdir, output, slo=parse_slo(slo), charts=charts, json_path=json_out, by=by)
         console.print(f"wrote [bold]{escape(str(result.markdown))}[/]" + (f" and {len(result.charts)} charts in "

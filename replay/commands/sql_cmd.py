@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from replay.base.errors import ReplayError
 from replay.commands._common import console, user_errors
-from replay.errors import ReplayError
 
 VIEWS_HELP = ("One SELECT; it can read the run's files only (docs/reports.md). Views: requests, chunks, steps (the replay output), trace (the replayed trace), itl_gaps "
               "(one ITL sample per chunk), run_window (the measured window). On a sweep directory: sweep, plan, and "
@@ -26,9 +26,9 @@ def register(app: typer.Typer) -> None:
         max_rows: int = typer.Option(50, "--max-rows", min=1, help="Rows shown in the table (CSV/JSON print all)."),
     ) -> None:
         with user_errors():
-            from reports.adhoc import read_only_query
-            from reports.sweep_views import is_sweep_dir, open_sweep
-            from reports.views import open_run
+            from replay.reports.adhoc import read_only_query
+            from replay.reports.sweep_views import is_sweep_dir, open_sweep
+            from replay.reports.views import open_run
 
             if csv and as_json:
                 raise ReplayError("choose one of --csv and --json")

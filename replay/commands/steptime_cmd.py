@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from replay.base.errors import ConfigError
 from replay.commands._common import console, user_errors
-from replay.errors import ConfigError
 
 
 def parse_prefill(text: str) -> tuple[int, int]:
@@ -60,8 +60,8 @@ def steptime(
 ) -> None:
     """Predict one forward step's time and its breakdown (GPU time = step_ms - host_overhead_ms)."""
     with user_errors():
-        from engine.config import EngineConfig
-        from engine.timing import build_timer, shape_from_requests
+        from replay.engine.config import EngineConfig
+        from replay.engine.timing import build_timer, shape_from_requests
 
         prefills = [parse_prefill(p) for p in prefill]
         decodes = [c for d in decode for c in parse_decode(d)]

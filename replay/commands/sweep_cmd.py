@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from replay.base.errors import ReplayError
 from replay.commands._common import console, user_errors
-from replay.errors import ReplayError
 
 GRID_HELP = ("A config key and its values: key=v1,v2 (YAML scalars), key=LOW..HIGH[:STEP], or key=a.yaml,b.yaml "
              "(each file's mapping becomes the key's value). Repeat for a cartesian product.")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
+from replay.base.errors import ConfigError
 from replay.commands._common import console, user_errors
-from replay.errors import ConfigError
 
 _FORMATS = {".jsonl": "mooncake", ".parquet": "parquet", ".csv": "azure"}
 
@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         """Write a synthetic trace (see ingest/synth.py for the model and its assumptions)."""
         from pydantic import ValidationError  # here, not at the top: `replay --help` needs no pydantic
 
-        from ingest import synth as sy
+        from replay.ingest import synth as sy
 
         with user_errors():
             kind = _FORMATS.get(output.suffix.lower())

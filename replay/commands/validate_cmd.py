@@ -11,8 +11,8 @@ from replay.commands._common import console, user_errors
 
 
 def _table(v) -> Table:
-    from reports.fmt import num
-    from reports.validate import METRICS
+    from replay.reports.fmt import num
+    from replay.reports.validate import METRICS
 
     grouped = v.by is not None
     table = Table(title=f"replay validate: {v.outdir}", title_justify="left")
@@ -45,8 +45,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Per request predicted minus measured TTFT, TPOT, E2E and cached tokens: MAPE, bias, p50/p90 error."""
         with user_errors():
-            from reports.validate import write_validation
-            from reports.validate_render import conditions_lines, coverage_line
+            from replay.reports.validate_render import conditions_lines, coverage_line
+            from replay.reports.validate_report import write_validation
 
             result = write_validation(outdir, output, measured=measured, by=by, charts=charts, json_path=json_out,
                                       ingest_options={"format": format} if format else None)

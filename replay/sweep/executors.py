@@ -19,8 +19,8 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Any, Protocol
 
-from ingest.schema import read_trace
-from replay.errors import ReplayError
+from replay.base.errors import ReplayError
+from replay.ingest.schema import read_trace
 from replay.sweep.job import Job, WorkerTrace, run_job
 from replay.sweep.slo import SweepSlo
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from engine.config import EngineConfig, apply_overrides, validate_config
-from replay.errors import ConfigError
+from replay.base.errors import ConfigError
+from replay.engine.config import EngineConfig, apply_overrides, validate_config
 
 _RANGE = re.compile(r"^\s*(-?\d+)\s*\.\.\s*(-?\d+)\s*(?::\s*(\d+))?\s*$")
 _YAML_SUFFIXES = (".yaml", ".yml")

@@ -17,9 +17,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.config import EngineConfig
-from ingest.schema import TraceMetadata
-from replay.errors import ReplayError
+from replay.base.errors import ReplayError
+from replay.engine.config import EngineConfig
+from replay.ingest.schema import TraceMetadata
 from replay.sweep.slo import SweepSlo
 from replay.sweep.summary import summarize
 
@@ -43,7 +43,7 @@ class WorkerTrace:
 
 def run_job(job: Job, trace: WorkerTrace) -> dict[str, Any]:
     """Replay one config; always returns a record (``error`` set when the config failed)."""
-    from engine.run import replay_trace
+    from replay.engine.run import replay_trace
 
     started = time.perf_counter()
     record: dict[str, Any] = {"key": job.key, "error": None, "metrics": None}

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine.config import load_config
-from replay import __version__
 from replay.api import load_any_trace
-from replay.atomic import atomic_path, write_json_atomic
-from replay.errors import ConfigError, ReplayError
+from replay.base.atomic import atomic_path, write_json_atomic
+from replay.base.errors import ConfigError, ReplayError
+from replay.base.version import __version__
+from replay.engine.config import load_config
 from replay.sweep.executors import Executor, make_executor
 from replay.sweep.grid import Axis, Point, describe, point_config
 from replay.sweep.job import Job
@@ -76,7 +76,7 @@ class SweepOptions:
 
 
 def _fingerprint(table) -> str:
-    from engine.run import _fingerprint as trace_fingerprint  # the fingerprint run.json records
+    from replay.engine.run import _fingerprint as trace_fingerprint  # the fingerprint run.json records
 
     return trace_fingerprint(table)
 
@@ -202,7 +202,7 @@ class SweepSession:
 def _place_trace(trace: Path, table, meta, root: Path, fingerprint: str) -> str:
     """The Parquet trace the workers read: the input itself when it is canonical, else SWEEPDIR/trace.parquet
     (written once; a SWEEPDIR holding another trace is refused)."""
-    from ingest.schema import is_canonical_trace, read_trace
+    from replay.ingest.schema import is_canonical_trace, read_trace
 
     if is_canonical_trace(trace):
         return str(trace.resolve())

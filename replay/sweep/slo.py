@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from replay.errors import ReplayError
-from reports.metrics import LATENCIES, SUMMARY_PERCENTILES
-from reports.slo import Slo, parse_slo
+from replay.base.errors import ReplayError
+from replay.reports.metrics import LATENCIES, SUMMARY_PERCENTILES
+from replay.reports.slo import Slo, parse_slo
 
 _STATS = ("mean", "max", *(f"p{p}" for p in SUMMARY_PERCENTILES))
 _CONSTRAINT = re.compile(rf"^({'|'.join(LATENCIES)})_({'|'.join(_STATS)})$")

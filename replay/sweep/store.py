@@ -20,9 +20,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from replay import __version__
-from replay.atomic import remove_stale_temps, write_json_atomic
-from replay.errors import ReplayError
+from replay.base.atomic import remove_stale_temps, write_json_atomic
+from replay.base.errors import ReplayError
+from replay.base.version import __version__
 
 SWEEP_FILE = "sweep.json"
 TABLE_FILE = "sweep.parquet"

@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from replay.duckdb_conn import connect
+from replay.base.duckdb_conn import connect
+from replay.reports.metrics import LATENCIES, SUMMARY_PERCENTILES, headline
+from replay.reports.sweep_metrics import summary_metrics
+from replay.reports.views import open_run
 from replay.sweep.slo import SweepSlo
-from reports.metrics import LATENCIES, SUMMARY_PERCENTILES, headline
-from reports.sweep_metrics import summary_metrics
-from reports.views import open_run
 
 _COUNTS = ["completed", "rejected", "unfinished", "preemptions", "preempted_requests"]
 _FLOATS = ["duration_s", "request_throughput", "output_throughput", "total_token_throughput", "goodput",

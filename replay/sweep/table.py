@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from replay.atomic import atomic_path
+from replay.base.atomic import atomic_path
 from replay.sweep.grid import Axis
 from replay.sweep.summary import METRIC_COLUMNS
 

@@ -1,0 +1,144 @@
+"""Each class of bad input gives one clear line and exit code 2: never a traceback, never a hang."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.cli_helpers import ROOT, SAMPLE, invoke, write_sample_run, write_sample_trace
+
+_ROWS = SAMPLE.read_text().splitlines()[:20]
+
+
+def _truncated_gz(d: Path) -> list[str]:
+    whole = gzip.compress(("\n".join(_ROWS) + "\n").encode())
+    (d / "t.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    return ["ingest", "t.jsonl.gz", "-o", "o.parquet"]
+
+
+def _bad_utf8(d: Path, *flags: str, line: int = 1) -> list[str]:
+    """Invalid UTF-8 inside the session_id string of ``line``."""
+    rows = [r.encode() for r in _ROWS]
+    row = json.loads(_ROWS[line - 1])
+    rows[line - 1] = json.dumps({**row, "session_id": "SESSION"}).encode().replace(b"SESSION", b"s\xff\xfe")
+    (d / "t.jsonl").write_bytes(b"\n".join(rows) + b"\n")
+    return ["ingest", "t.jsonl", "-o", "o.parquet", *flags]
+
+
+def _binary(d: Path, name: str) -> Path:
+    (d / name).write_bytes(bytes(range(256)) * 16)
+    return d / name
+
+
+def _garbled_parquet(path: Path) -> None:
+    """Same size, footer intact, every data page flipped: the schema reads, the data does not."""
+    data = bytearray(path.read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little")
+    for i in range(4, len(data) - footer - 8, 3):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory) -> Path:
+    return write_sample_trace(tmp_path_factory.mktemp("bad") / "t.parquet")
+
+
+def _case_garbled_run(d: Path, trace: Path, command: str) -> list[str]:
+    out = write_sample_run(d / "out", trace)
+    _garbled_parquet(out / "requests.parquet")
+    if command == "report":
+        return ["report", "out", "-o", "r.md"]
+    return ["sql", "out", "SELECT avg(ttft_ms) FROM requests"]
+
+
+CASES = {
+    "ingest a directory": (lambda d, t: (d.joinpath("dir").mkdir(), ["ingest", "dir"])[1], "is a directory"),
+    "run a directory": (lambda d, t: (d.joinpath("dir").mkdir(), ["run", "dir", "-o", "o"])[1], "is a directory"),
+    "truncated .jsonl.gz": (lambda d, t: _truncated_gz(d), "truncated or corrupt compressed file"),
+    "invalid UTF-8, detected": (lambda d, t: _bad_utf8(d), "line 1: invalid UTF-8 (byte 0xff"),
+    "invalid UTF-8 in a string field": (lambda d, t: _bad_utf8(d, "--format", "mooncake"),
+                                        "line 1, field 'session_id': invalid UTF-8"),
+    "invalid UTF-8 past the fast reader": (lambda d, t: _bad_utf8(d, line=7),
+                                           "line 7, field 'session_id': invalid UTF-8"),
+    "binary CSV": (lambda d, t: (_binary(d, "b.csv"), ["ingest", "b.csv", "-o", "o.parquet"])[1], "invalid UTF-8"),
+    "binary CSV, --format azure": (lambda d, t: (_binary(d, "b.csv"),
+                                                 ["ingest", "b.csv", "-o", "o.parquet", "--format", "azure"])[1],
+                                   "invalid UTF-8"),
+    "binary config": (lambda d, t: (_binary(d, "c.yaml"), ["run", str(t), "-o", "o", "-c", "c.yaml"])[1],
+                      "not a UTF-8 text file"),
+    "YAML syntax error": (lambda d, t: (d.joinpath("c.yaml").write_text("scheduler:\n  max_num_seqs: [1\n"),
+                                        ["run", str(t), "-o", "o", "-c", "c.yaml"])[1], "invalid YAML: line 3"),
+    "--set with broken YAML": (lambda d, t: ["run", str(t), "-o", "o", "--set", "speculative={num_speculative_tokens: 2"],
+                               "invalid YAML value"),
+    "garbled requests.parquet, report": (lambda d, t: _case_garbled_run(d, t, "report"),
+                                         "requests.parquet: damaged Parquet file"),
+    "garbled requests.parquet, sql": (lambda d, t: _case_garbled_run(d, t, "sql"),
+                                      "requests.parquet: damaged Parquet file"),
+    "garbled trace": (lambda d, t: (d.joinpath("g.parquet").write_bytes(t.read_bytes()),
+                                    _garbled_parquet(d / "g.parquet"), ["run", "g.parquet", "-o", "o"])[2],
+                      "cannot read Parquet data"),
+    "sql, empty query": (lambda d, t: (write_sample_run(d / "out", t), ["sql", "out", ""])[1], "empty query"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_one_line_and_exit_2(name, trace, tmp_path, monkeypatch):
+    make, message = CASES[name]
+    monkeypatch.chdir(tmp_path)
+    args = make(tmp_path, trace)
+    res = invoke(*args)
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    assert message in lines[0], lines[0]
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.parquet").exists()
+    assert not (tmp_path / "r_files").exists() and not (tmp_path / "r.md").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+@pytest.mark.parametrize("args", [["ingest", "fifo.jsonl", "-o", "o.parquet"], ["run", "fifo.jsonl", "-o", "o"],
+                                  ["run", "{trace}", "-o", "o", "-c", "fifo.jsonl"], ["inspect", "fifo.jsonl"]],
+                         ids=["ingest", "run trace", "run config", "inspect"])
+def test_a_fifo_is_refused_not_read(args, trace, tmp_path):
+    """Reading a FIFO nobody writes would block forever: refused as not a regular file (in a
+    subprocess with a timeout, so a regression fails instead of hanging the suite)."""
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    cmd = [sys.executable, "-m", "replay.cli", *(a.format(trace=trace) for a in args)]
+    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 2, res.stderr
+    assert "not a regular file" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_garbled_trace_is_named_by_the_api(trace, tmp_path):
+    from replay.base.errors import TraceError
+    from replay.ingest.schema import read_trace
+
+    bad = tmp_path / "g.parquet"
+    bad.write_bytes(trace.read_bytes())
+    _garbled_parquet(bad)
+    assert pq.read_schema(bad).names  # the footer still reads: only the data is damaged
+    with pytest.raises(TraceError, match="g.parquet"):
+        read_trace(bad)
+
+
+def test_export_out_of_duckdb_memory_is_one_line_and_exit_2(trace, tmp_path, monkeypatch):
+    """A query that cannot spill under the memory limit (or a full spill disk) ends with one line,
+    not DuckDB's traceback; nothing is written. A tiny limit forces it on a real run."""
+    import replay.reports.export as export_module
+
+    write_sample_run(tmp_path / "out", trace)
+    monkeypatch.setattr(export_module, "EXPORT_DUCKDB_MB", 1)
+    res = invoke("export", tmp_path / "out", "-f", "vllm-bench", "-o", tmp_path / "e.json")
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: DuckDB ran out of memory"), res.output
+    assert not (tmp_path / "e.json").exists()

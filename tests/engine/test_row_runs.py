@@ -1,0 +1,144 @@
+"""Step and chunk rows buffered as runs (engine/row_runs.py) expand into exactly the rows given.
+
+Hand-checked expansions, a row-group cutter that never lets the batching show in a file's layout,
+and the recorder writing row groups of exactly the configured size whatever the emission sizes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import replay.engine.recorder as recorder_module
+from replay.engine.output_schema import STEPS_SCHEMA
+from replay.engine.recorder import Recorder
+from replay.engine.row_runs import ChunkRuns, ColumnCutter, StepRuns, sparse_runs
+from replay.engine.trace_input import trace_arrays
+from tests.engine_helpers import make_trace
+
+DTYPES = [np.dtype(f.type.to_pandas_dtype()) for f in STEPS_SCHEMA]
+
+
+def _row(step: int, start: float, **kw) -> tuple:
+    """A record_step row: every column 0 unless given (by STEPS_SCHEMA name)."""
+    values: dict = {f.name: 0 for f in STEPS_SCHEMA}
+    values.update(step=step, start_ms=start, duration_ms=1.5, kv_usage=0.0, cpu_usage=0.0)
+    values.update(kw)
+    return tuple(values[f.name] for f in STEPS_SCHEMA)
+
+
+def test_steps_expand_rows_and_windows_in_order() -> None:
+    runs = StepRuns(replica_column=False)
+    runs.add_row(_row(0, 0.0, scheduled_tokens=100, prefill_tokens=98, prefill_requests=1, decode_requests=2,
+                      running=3, waiting=4, kv_usage=1.0 - 90 / 99, kv_blocks_used=9, bytes_loaded=7), 0)
+    # 4 decode steps of 3 requests: an allocation at step 2 (free 90 -> 89), stores at step 1, a
+    # finish at the last step (2 still running), CPU use 5 then 6 from step 3.
+    runs.add_window(1, [1.5, 3.0, 4.5, 6.0], [1.5, 1.5, 1.5, 1.5], 3, 0, [(90, 2), (89, 2)], 99,
+                    sparse_runs([(1, 4096)], 4), [(5, 3), (6, 1)], 10, 0, 2)
+    runs.add_row(_row(5, 7.5, running=2, kv_usage=1.0 - 95 / 99, kv_blocks_used=4), 0)
+    assert runs.num_rows == 6
+    cols = dict(zip(STEPS_SCHEMA.names, runs.columns(DTYPES)))
+    assert cols["step"].tolist() == [0, 1, 2, 3, 4, 5]
+    assert cols["start_ms"].tolist() == [0.0, 1.5, 3.0, 4.5, 6.0, 7.5]
+    assert cols["scheduled_tokens"].tolist() == [100, 3, 3, 3, 3, 0]
+    assert cols["prefill_tokens"].tolist() == [98, 0, 0, 0, 0, 0]
+    assert cols["decode_requests"].tolist() == [2, 3, 3, 3, 3, 0]
+    assert cols["running"].tolist() == [3, 3, 3, 3, 2, 2]
+    assert cols["waiting"].tolist() == [4, 0, 0, 0, 0, 0]
+    assert cols["kv_blocks_used"].tolist() == [9, 9, 9, 10, 10, 4]
+    assert cols["bytes_stored"].tolist() == [0, 0, 4096, 0, 0, 0]
+    assert cols["bytes_loaded"].tolist() == [7, 0, 0, 0, 0, 0]
+    assert cols["cpu_blocks_used"].tolist() == [0, 5, 5, 5, 6, 0]
+    # floats: the double rounded to the column's float32, as a typed array's append does
+    expected_usage = np.array([1.0 - 90 / 99, 1.0 - 90 / 99, 1.0 - 90 / 99, 1.0 - 89 / 99, 1.0 - 89 / 99,
+                               1.0 - 95 / 99]).astype(np.float32)
+    assert cols["kv_usage"].dtype == np.float32 and (cols["kv_usage"] == expected_usage).all()
+    assert (cols["cpu_usage"] == np.array([0, 0.5, 0.5, 0.5, 0.6, 0], dtype=np.float32)).all()
+    assert [c.dtype for c in cols.values()] == DTYPES
+
+
+def test_window_running_column_edge_cases() -> None:
+    runs = StepRuns(replica_column=True)
+    runs.add_window(0, [0.0], [1.0], 4, 0, [(10, 1)], 20, [(0, 1)], None, 0, 7, 1)  # one step, 3 finish
+    runs.add_window(1, [1.0, 2.0], [1.0, 1.0], 1, 2, [(10, 2)], 20, [(0, 2)], None, 0, 7, None)
+    runs.add_window(9, [3.0, 4.0], [1.0, 1.0], 5, 0, [(10, 2)], 20, [(0, 2)], None, 0, 3, 5)  # nobody finishes
+    cols = dict(zip([*STEPS_SCHEMA.names, "replica"], runs.columns([*DTYPES, np.dtype(np.int32)])))
+    assert cols["running"].tolist() == [1, 1, 1, 5, 5]
+    assert cols["waiting"].tolist() == [0, 2, 2, 0, 0]
+    assert cols["step"].tolist() == [0, 1, 2, 9, 10]  # a fleet interleaves replicas' step indices
+    assert cols["replica"].tolist() == [7, 7, 7, 3, 3]
+
+
+def test_sparse_runs() -> None:
+    assert sparse_runs([], 3) == [(0, 3)]
+    assert sparse_runs([(0, 5)], 1) == [(5, 1)]
+    assert sparse_runs([(0, 5), (3, 6)], 5) == [(5, 1), (0, 2), (6, 1), (0, 1)]
+    assert sparse_runs([(2, 5), (2, 8)], 3) == [(0, 2), (8, 1)]  # the later value for a step stands
+
+
+def test_chunks_expand_steps_and_windows() -> None:
+    runs = ChunkRuns()
+    runs.add_step([4, 2], 10.0, [512, 1])
+    runs.add_window([4, 2, 9], [11.0, 12.0])
+    runs.add_step([9], 13.0, [])
+    runs.add_window([], [14.0])  # nobody: no rows
+    runs.add_window([2], [15.0, 16.0, 17.0])
+    assert runs.num_rows == 2 + 6 + 1 + 3
+    req, time_ms, tokens = runs.columns()
+    assert req.tolist() == [4, 2, 4, 2, 9, 4, 2, 9, 9, 2, 2, 2]
+    assert time_ms.tolist() == [10.0, 10.0, 11.0, 11.0, 11.0, 12.0, 12.0, 12.0, 13.0, 15.0, 16.0, 17.0]
+    assert tokens.tolist() == [512, 1] + [1] * 10
+    assert (req.dtype, time_ms.dtype, tokens.dtype) == (np.int32, np.float64, np.int32)
+
+
+def test_cutter_writes_whole_row_groups_and_carries_the_rest() -> None:
+    cutter = ColumnCutter(4)
+
+    def batch(lo: int, hi: int) -> list[np.ndarray]:
+        return [np.arange(lo, hi), np.arange(lo, hi) * 10.0]
+
+    assert cutter.cut(batch(0, 3), False) is None  # 3 rows wait
+    due = cutter.cut(batch(3, 12), False)  # 12 rows: three groups
+    assert due is not None and due[0].tolist() == list(range(12)) and due[1].tolist() == [10.0 * i for i in range(12)]
+    due = cutter.cut(batch(12, 17), False)  # 4 due, 1 waits
+    assert due is not None and due[0].tolist() == [12, 13, 14, 15]
+    due = cutter.cut(batch(17, 17), True)  # the final flush writes what waits
+    assert due is not None and due[0].tolist() == [16]
+    assert cutter.cut(batch(17, 17), True) is None
+
+
+@pytest.mark.parametrize("emission", [1, 3, 7])
+def test_recorder_row_groups_never_depend_on_batching(tmp_path, monkeypatch, emission: int) -> None:
+    """Chunks and steps arrive in windows of any size; every row group but the last is exactly the
+    configured size and the rows are those emitted, in order."""
+    monkeypatch.setattr(recorder_module, "_ROW_GROUP", 5)
+    monkeypatch.setattr(recorder_module, "_STEP_ROWS_BUFFERED", 4)
+    table, meta = make_trace([{"input_tokens": 10, "output_tokens": 5}] * 3)
+    rec = Recorder(trace_arrays(table, meta.hash_block_size), tmp_path)
+    expected_chunks: list[tuple[int, float]] = []
+    step = 0
+    t = 0.0
+    for w in range(6):
+        ends = [t + 1.0 + i for i in range(emission)]
+        reqs = [w % 3, (w + 1) % 3]
+        rec.emit_decode_chunks(reqs, ends)
+        expected_chunks += [(r, e) for e in ends for r in reqs]
+        rec.record_decode_window(step, [e - 1.0 for e in ends], [1.0] * emission, 2, 0, [(0, 50)], 99)
+        step += emission
+        rec.emit_chunks([2], ends[-1] + 0.5, [])
+        expected_chunks.append((2, ends[-1] + 0.5))
+        rec.record_step(_row(step, ends[-1]))
+        step += 1
+        t = ends[-1] + 1.0
+    rec.close()
+    chunks = pq.ParquetFile(tmp_path / "chunks.parquet")
+    steps = pq.ParquetFile(tmp_path / "steps.parquet")
+    sizes = [chunks.metadata.row_group(i).num_rows for i in range(chunks.num_row_groups)]
+    assert all(s == 5 for s in sizes[:-1]) and 0 < sizes[-1] <= 5 and sum(sizes) == len(expected_chunks)
+    step_sizes = [steps.metadata.row_group(i).num_rows for i in range(steps.num_row_groups)]
+    assert all(s == 4 for s in step_sizes[:-1]) and 0 < step_sizes[-1] <= 4 and sum(step_sizes) == step
+    got = chunks.read()
+    assert list(zip([int(r[1:]) for r in got["request_id"].to_pylist()], got["time_ms"].to_pylist())) == expected_chunks
+    assert steps.read()["step"].to_pylist() == list(range(step))
+    assert rec.num_chunks == len(expected_chunks) and rec.num_steps == step

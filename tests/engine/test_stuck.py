@@ -1,0 +1,54 @@
+"""The "cannot make progress" stop: a replica whose queue head can never fit, with nothing running
+and nothing to wait for, must stop the replay with one clear error naming the head, not spin."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from replay.base.errors import ReplayError
+from replay.engine.block_keys import BlockKeys
+from replay.engine.config import EngineConfig
+from replay.engine.core import EngineCore
+from replay.engine.recorder import Recorder
+from replay.engine.request import Request
+from replay.engine.scheduler import build_scheduler
+from tests.engine_helpers import FixedTimer, make_trace
+
+
+def _core(tmp_path, num_gpu_blocks: int) -> EngineCore:
+    from replay.engine.trace_input import trace_arrays
+
+    sched, _ = build_scheduler(EngineConfig(), num_gpu_blocks, 1 << 20)
+    table, meta = make_trace([dict(arrival_ms=0, input_tokens=160, output_tokens=4, hash_ids=list(range(10)))])
+    rec = Recorder(trace_arrays(table, meta.hash_block_size), tmp_path)
+    return EngineCore(0, sched, FixedTimer(), rec, check_invariants=True)
+
+
+def _request(idx: int, tokens: int) -> Request:
+    ids = list(range(100 * (idx + 1), 100 * (idx + 1) + tokens // 16))
+    return Request(idx, f"r{idx}", 0.0, tokens, 4, BlockKeys(ids, 0, len(ids), 16, 16, tokens, idx))
+
+
+def test_a_head_that_can_never_fit_stops_the_replay_with_its_name(tmp_path):
+    core = _core(tmp_path, num_gpu_blocks=12)  # 11 usable blocks
+    # Blocks held by nobody the scheduler can free (a leaked or stranded allocation): 8 of 11.
+    holder = _request(1, 128)
+    assert core.sched.kv.allocate_slots(holder, 128)
+    core.sched.add_request(_request(0, 160))  # needs 10 blocks for its prompt: 3 are free
+    with pytest.raises(ReplayError, match=r"cannot make progress at t=0.0 ms: request 'r0' \(160 tokens\) "
+                                          r"does not fit in the KV cache \(3 free blocks\)"):
+        core.begin(0.0, horizon=lambda c: math.inf, next_event=lambda c: math.inf)
+    core.rec.abort()
+
+
+def test_a_head_waiting_for_an_event_is_not_stuck(tmp_path):
+    core = _core(tmp_path, num_gpu_blocks=12)
+    holder = _request(1, 128)
+    assert core.sched.kv.allocate_slots(holder, 128)
+    core.sched.add_request(_request(0, 160))
+    # Something can still change at t=50 ms (an arrival, a G2 completion): wait for it.
+    nxt, completes = core.begin(0.0, horizon=lambda c: math.inf, next_event=lambda c: 50.0)
+    assert (nxt, completes) == (50.0, False)
+    core.rec.abort()
