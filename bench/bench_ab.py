@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.checkout_mount import is_mapped_layout  # noqa: E402
 from bench.compare.workloads import load_workloads, resolve_trace, shared_dir  # noqa: E402
 
 CONFIGS = ROOT / "bench" / "compare" / "configs"
@@ -71,11 +72,16 @@ def _trace(harness_name: str) -> Path:
 
 def _run(checkout: Path, trace: Path, config: Path, sets: list[str], out: Path) -> tuple[float, float, dict]:
     """(CPU of the process and its threads, run.json's engine wall, {core, digests, process_wall})."""
-    cmd = [sys.executable, "-c", "from replay.cli import app; app()", "run", str(trace), "-c", str(config),
-           "-o", str(out), "-q"]
+    if is_mapped_layout(checkout):
+        launcher = [sys.executable, str(ROOT / "bench" / "checkout_mount.py"), str(checkout)]
+        env = dict(os.environ, REPLAY_SHARED=str(shared_dir()))
+        env.pop("PYTHONPATH", None)
+    else:  # a checkout from before the one-package layout imports its folders from PYTHONPATH
+        launcher = [sys.executable, "-c", "from replay.cli import app; app()"]
+        env = dict(os.environ, PYTHONPATH=str(checkout), REPLAY_SHARED=str(shared_dir()))
+    cmd = [*launcher, "run", str(trace), "-c", str(config), "-o", str(out), "-q"]
     for s in sets:
         cmd += ["--set", s]
-    env = dict(os.environ, PYTHONPATH=str(checkout), REPLAY_SHARED=str(shared_dir()))
     env.pop("REPLAY_PURE_PYTHON", None)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()

@@ -28,7 +28,7 @@ class StrictModel(BaseModel):
 
 
 class SchedulerConfig(StrictModel):
-    # vLLM defaults on a >= 70 GiB GPU (spec/vllm-scheduler.md section 1).
+    # vLLM defaults on a >= 70 GiB GPU (vLLM's `EngineArgs` defaults, vllm/engine/arg_utils.py).
     max_num_batched_tokens: int = Field(8192, gt=0)
     max_num_seqs: int = Field(1024, gt=0)
     policy: Literal["fcfs", "priority"] = "fcfs"
@@ -82,7 +82,7 @@ class HostOffloadConfig(StrictModel):
     num_cpu_blocks: int | None = Field(None, gt=0)
     size_gib: float | None = Field(None, gt=0.0)
     block_size: int | None = Field(None, gt=0)  # offload block tokens; multiple of the GPU block size
-    d2h_gbps: float = Field(50.0, gt=0.0)  # PCIe Gen5 x16 pinned, per direction (spec/h200-timing.md)
+    d2h_gbps: float = Field(50.0, gt=0.0)  # PCIe Gen5 x16 pinned, per direction (docs/timing.md)
     h2d_gbps: float = Field(50.0, gt=0.0)
     latency_us: float = Field(10.0, ge=0.0)  # per copy; spec says about 5-10 us
     eviction: Literal["lru"] = "lru"

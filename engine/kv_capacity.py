@@ -4,7 +4,7 @@ vLLM (``v1/worker/gpu_worker.determine_available_memory`` + ``v1/core/kv_cache_u
   available = total_memory * gpu_memory_utilization - (weights + activation peak + non-torch + CUDA graphs)
   num_blocks = available // (page_size * num_kv_layers),  page_size = block_size * per-token bytes per layer
 and block 0 of that pool is the reserved null block (it is counted in ``num_gpu_blocks``; the log line
-"GPU KV cache size: N tokens" is num_blocks * block_size). spec/vllm-scheduler.md section 3.
+"GPU KV cache size: N tokens" is num_blocks * block_size).
 
 vLLM measures the activation peak, non-torch memory and CUDA-graph memory by profiling on the GPU;
 we have no GPU, so they are modelled below with their sources. Users who know their server's figure

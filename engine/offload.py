@@ -1,4 +1,4 @@
-"""The G2 tier: vLLM's OffloadingConnector with a CPU LRU store (v1/kv_offload/, spec section 5).
+"""The G2 tier: vLLM's OffloadingConnector with a CPU LRU store (vLLM's v1/kv_offload/).
 
 - Stores (D2H): at the end of each schedule(), every offload block of a scheduled request that is
   full after the step and not yet prepared is prepared (keys already on the CPU are skipped; the

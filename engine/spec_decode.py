@@ -23,7 +23,7 @@ def _splitmix64(x: int) -> int:
 
 
 def expected_accepted(rates: list[float]) -> float:
-    """E[accepted drafts per step] = sum_i prod_{j<=i} a_j (spec/h200-timing.md, MTP)."""
+    """E[accepted drafts per step] = sum_i prod_{j<=i} a_j (the expected accepted length of speculative decoding, Leviathan et al. 2023)."""
     total, prod = 0.0, 1.0
     for a in rates:
         prod *= a

@@ -2,7 +2,7 @@
 
 A 10 M-row trace holds about 80 M hash-id references to about 28 M distinct ids: any table of all
 distinct ids (a Python dict, Arrow's dictionary encoding, a dense numbering) takes several GB
-(issue 16: 6 GB). Instead the ids are read again for each of a few passes, never all at once:
+(6 GB at a million requests). Instead the ids are read again for each of a few passes, never all at once:
 
 * a count pass: each row's number of references (and whether the trace has ids at all);
 * first-use passes: the id space is cut into ``parts`` by a hash of the id, ``parts`` chosen so a

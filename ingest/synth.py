@@ -41,7 +41,7 @@ from .writer import ROW_GROUP_ROWS, rows_in_batches, write_trace_batches
 _SORTED_SQL = "SELECT * EXCLUDE (g) FROM gen ORDER BY arrival_ms, g"
 
 PREFILL_TOKENS_PER_S = 10_000.0  # guess: Llama-3.1-8B prefill on one H200 under load (order of magnitude)
-DECODE_S_PER_TOKEN = 0.015  # guess: ~15 ms ITL at moderate batch (see AISimulate's 16.3 ms figure in issue 7)
+DECODE_S_PER_TOKEN = 0.015  # guess: ~15 ms ITL at moderate batch (AISimulate reports 16.3 ms on its reference workload)
 AZURE_START = datetime(2023, 11, 16, 18, 0, 0)  # the Azure 2023 trace's day, for a familiar look
 
 
@@ -89,7 +89,7 @@ def _gaps(rng: np.random.Generator, cfg: SynthConfig, mean_s: float, n: int) -> 
 
 
 # Rows per generated batch (generation order) and per arrival-ordered batch: Python lists exist for
-# one batch at a time, so `replay synth -n 10000000` stays under 2 GB (issue 16: 11.6 GB).
+# one batch at a time, so `replay synth -n 10000000` stays under 2 GB (holding all of it took 11.6 GB).
 BATCH_ROWS = ROW_GROUP_ROWS
 # DuckDB's budget for holding and sorting the generated rows (it spills past it): half the default,
 # as the pre-drawn lengths and think times of 15 M generated rows take another ~0.4 GB.

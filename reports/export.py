@@ -38,11 +38,11 @@ FORMATS = ("vllm-bench", "aiperf")
 
 
 # Requests per batch streamed from the export query: JSON text, Python objects and the per-request
-# lists exist for one batch at a time (issue 16: the whole run as Python dicts and lists).
+# lists exist for one batch at a time (the whole run as Python dicts and lists does not fit the memory budget).
 EXPORT_BATCH_ROWS = 65_536
 # Chunk rows per batch at most (unless one request has more): the ITL gaps of a batch become Python
 # floats and JSON text, about 100 bytes each, so a batch of 65,536 requests with 200 chunks each
-# took a 1 M-request export past 2 GB (bench/README.md, issue 16).
+# took a 1 M-request export past 2 GB (bench/README.md, memory at scale).
 EXPORT_BATCH_CHUNKS = 1 << 21
 
 
@@ -62,7 +62,7 @@ def _batches(outdir: Path) -> Iterator[tuple[Iterator[pa.RecordBatch], dict[str,
 # Chunk rows per batch of the sorted chunk stream.
 CHUNK_BATCH_ROWS = 1 << 20
 # DuckDB's budget here (it spills the chunk sort past it): the report default of 1 GB took a dense
-# 1 M-request export past 2 GB when the ITL samples were held in numpy beside it (issue 16;
+# 1 M-request export past 2 GB when the ITL samples were held in numpy beside it (bench/README.md;
 # bench/README.md); they now go to a spill file (reports/sample_stats.py).
 EXPORT_DUCKDB_MB = 384
 
@@ -145,7 +145,7 @@ def _numpy(batch: pa.RecordBatch, name: str) -> np.ndarray:
 def vllm_bench(outdir: Path, out: TextIO) -> None:
     """The replay as a ``vllm bench serve --save-detailed`` result (one JSON object), written to ``out``."""
     lists = {key: _JsonList() for key in _VLLM_LISTS}
-    # The pooled samples of the statistics go to temp files, read back in passes (issue 16: 220 M ITL
+    # The pooled samples of the statistics go to temp files, read back in passes (220 M ITL
     # gaps of a 1 M-request replay are 1.76 GB as doubles); same numbers as numpy over the whole arrays.
     samples = {key: SampleSpill() for key in ("ttft", "tpot", "itl", "e2el")}
     try:

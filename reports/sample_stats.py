@@ -3,7 +3,7 @@ numpy's ``mean``, ``median``, ``std`` and ``percentile(a, 99)`` bit for bit, fro
 
 Why: ``replay export --format vllm-bench`` prints these four statistics of every pooled ITL gap. A
 1 M-request replay has about 220 M of them, 1.76 GB as float64: held in numpy they take the command
-past its 2 GB budget (issue 16). Here the values are appended to an anonymous temp file
+past its 2 GB budget. Here the values are appended to an anonymous temp file
 (:class:`SampleSpill`) and each statistic reads them back in pieces, so memory stays at one piece.
 
 What is reproduced (numpy 2.4.6, the version in our venv; read in its source):

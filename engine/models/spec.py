@@ -115,7 +115,7 @@ class ModelSpec:
 
         GQA: K and V for the rank's KV heads; vLLM replicates KV heads when tp > num_kv_heads.
         MLA: one latent (kv_lora_rank + rope dim) per token, replicated on every rank, no factor 2
-        (spec/vllm-scheduler.md section 3).
+        (vLLM's v1/core/kv_cache_utils.py).
         """
         if self.is_mla:
             return self.kv_lora_rank + self.qk_rope_head_dim

@@ -1,4 +1,4 @@
-"""The embedded step-time model: a roofline over one vLLM forward step (spec/h200-timing.md).
+"""The embedded step-time model: a roofline over one vLLM forward step (docs/timing.md).
 
 Per tensor-parallel rank, in ms:
   linear      max(flops / (eta_c * peak), weight bytes / (eta_m * bw)) per weight group (dense

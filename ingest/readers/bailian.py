@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from .base import Col, Reader, ReaderInfo, Staged, stage
 from .jsonl import JsonlSource
 
-DEFAULT_BLOCK_SIZE = 16  # the release's hash block size (trace-formats.md)
+DEFAULT_BLOCK_SIZE = 16  # the release's hash block size (docs/trace-schema.md)
 
 FAST_SCHEMA = pa.schema([
     ("chat_id", pa.int64()), ("parent_chat_id", pa.int64()), ("timestamp", pa.float64()),

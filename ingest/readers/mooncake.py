@@ -18,7 +18,7 @@ from .base import Col, Reader, ReaderInfo, Staged, stage
 from .generic import flatten_structs
 from .jsonl import JsonlSource
 
-DEFAULT_BLOCK_SIZE = 512  # tokens per hash id in the FAST'25 release (its README and trace-formats.md)
+DEFAULT_BLOCK_SIZE = 512  # tokens per hash id in the FAST'25 release (its README; docs/trace-schema.md)
 
 FAST_SCHEMA = pa.schema([
     ("timestamp", pa.float64()), ("created_time", pa.float64()),

@@ -17,7 +17,7 @@ from pathlib import Path
 import duckdb
 
 # DuckDB's own allocations (hash tables, sorts, temp tables) per database. 1 GB leaves room for Python,
-# pyarrow and matplotlib under the 2 GB target of issue 16 (bench/bench_memory.py measures it); the
+# pyarrow and matplotlib under the 2 GB memory target (bench/bench_memory.py measures it); the
 # queries that exceed it (the ITL samples of a 1 M-request run) spill to disk instead of failing.
 MEMORY_LIMIT_MB = 1024
 

@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(str(exc)) from None
             if kind == "azure":
                 n = sy.write_azure_csv(cfg, output)
-            else:  # one batch of rows at a time (issue 16: 10 M requests in Python lists took 11.6 GB)
+            else:  # one batch of rows at a time (10 M requests in Python lists took 11.6 GB)
                 counted = _Counted(sy.arrival_batches(cfg))
                 if kind == "parquet":
                     sy.write_parquet(counted, cfg, output)

@@ -1,6 +1,6 @@
 """Hand-checked vLLM V1 scheduler scenarios on tiny pools (block size 16, fixed 10 ms steps).
 
-Each expected number is worked out in the comments from vLLM's rules (spec/vllm-scheduler.md);
+Each expected number is worked out in the comments from vLLM's rules (vLLM's v1/core/sched/scheduler.py);
 the debug invariants (block conservation, ref counts, budget) run on every step.
 """
 

@@ -16,7 +16,7 @@ from tests.engine_helpers import assert_decode_run_is_step_ms
 
 H200 = get_hardware("h200_sxm")
 
-# spec/h200-timing.md: aiconfigurator-core 0.12.0, h200_sxm, vLLM 0.24.0, BF16, TP1 kernel times (ms).
+# docs/timing.md: aiconfigurator-core 0.12.0, h200_sxm, vLLM 0.24.0, BF16, TP1 kernel times (ms).
 REFERENCE = [
     ("decode 1 @ 1024", [], [1024], 4.86, 18.28),
     ("decode 64 @ 2048", [], [2048] * 64, 9.47, 29.11),

@@ -226,7 +226,7 @@ def test_ideal_counts_only_earlier_rows_and_caps_at_input(tmp_path):
 
 @pytest.mark.skipif(not MOONCAKE.is_file(), reason=f"real Mooncake trace not present at {MOONCAKE}")
 def test_ideal_reuse_on_the_mooncake_trace_matches_the_known_figure(tmp_path):
-    """spec/trace-formats.md: token-level prefix hit with an infinite cache 0.3736 on this trace."""
+    """docs/reports.md: token-level prefix hit with an infinite cache 0.3736 on this trace."""
     recs = [json.loads(line) for line in MOONCAKE.read_text().splitlines() if line.strip()]
     n = len(recs)
     table = pa.table({
