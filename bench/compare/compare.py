@@ -33,7 +33,7 @@ from bench.compare.traces import prepare
 from bench.compare.translate import PeerTraffic, translate
 from engine.config import load_config
 
-# Agreement targets from issue 7: reuse within 0.01 absolute; mean TTFT and mean ITL within 10%
+# Agreement targets: reuse within 0.01 absolute; mean TTFT and mean ITL within 10%
 # with `timing: aic`, within 20% with the default roofline.
 REUSE_ABS_TOL = 0.01
 LATENCY_REL_TOL = {"aic": 0.10, "roofline": 0.20}

@@ -1,4 +1,4 @@
-"""Reuse-heavy, high-rate traffic (issue 15): the shape on which we were 2x slower than AISimulate.
+"""Reuse-heavy, high-rate traffic: the shape on which replay's speed against AISimulate is closest.
 
 Every request is whole 512-token blocks, so prefix identity is exact at the hash-block level:
 

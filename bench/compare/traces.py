@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from ingest.schema import TRACE_SCHEMA, TraceMetadata, is_canonical_trace, read_trace
 from replay.atomic import atomic_path
 
-# Mooncake's own block size (spec/trace-formats.md): tokens covered by one hash id.
+# Mooncake's own block size (the Mooncake trace's documentation): tokens covered by one hash id.
 MOONCAKE_BLOCK_SIZE = 512
 
 
