@@ -97,7 +97,7 @@ def _tail(path: str, chars: int = 1500) -> str:
 
 
 def ours_available() -> tuple[bool, str]:
-    """Is `replay run` a real command yet? (The engine lands in its own issue.)"""
+    """Can `replay run` be started here (the command, with the engine importable)?"""
     cmd, env = replay_command()
     proc = subprocess.run([*cmd, "run", "--help"], capture_output=True, text=True, env=env, cwd=REPO_ROOT)
     if proc.returncode != 0:
@@ -154,7 +154,7 @@ def _rel(a: float | None, b: float | None) -> float | None:
 
 
 def agreement(ours: dict[str, Any] | None, peer: dict[str, Any] | None, backend: str) -> list[dict[str, Any]]:
-    """The issue's agreement checks, each with its target and verdict (None when a side is missing)."""
+    """The agreement checks (reuse, TTFT, ITL), each with its target and verdict (None when a side is missing)."""
     tol = LATENCY_REL_TOL[backend]
     checks = [
         ("reuse_ratio", "abs", REUSE_ABS_TOL),
