@@ -1,4 +1,4 @@
-"""Engine benchmark: whole-process `replay run` on the workloads the issues set targets for.
+"""Engine benchmark: whole-process `replay run` on the workloads that have speed and memory targets.
 
     python bench/bench_engine.py                    # every workload (about 2-3 minutes)
     python bench/bench_engine.py --only ref-mtp-g2  # one workload
@@ -11,7 +11,8 @@ across machines and load. Ratios against NVIDIA AISimulate on the same workloads
 `python -m bench.compare` (bench/compare/, docs/fidelity.md).
 
 Workload configs are the comparison harness's (bench/compare/configs) plus bench/configs.
-Generated traces go to a temp dir; the shared traces are read from ../shared/traces.
+Generated traces go to a temp dir; the Mooncake trace is read from $REPLAY_SHARED/traces (default: a
+`shared` folder beside the repository checkout).
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Ingest benchmark: the Mooncake conversation trace and a synthesized N-row Azure-style CSV.
 
+The Mooncake trace is read from the `shared` folder beside the repository checkout
+(traces/mooncake/conversation_trace.jsonl); it is skipped when absent.
+
     python bench/bench_ingest.py                 # 10M-row CSV (about 400 MB in a temp dir)
     python bench/bench_ingest.py --rows 1000000  # quicker
 
@@ -7,7 +10,7 @@ Each measurement runs in its own child process so its peak RSS (``ru_maxrss``) i
 baseline in the same run is pyarrow's raw reader on the same file (``pyarrow.json.read_json`` /
 ``pyarrow.csv.read_csv`` with default type inference): the ratio says what validation, timestamp
 parsing, provenance hashing and the Parquet write cost on top of just parsing the file.
-Targets (issue 2): > 1M rows/s and < 1.5 GB peak for 10M rows.
+Targets: > 1M rows/s and < 1.5 GB peak for 10M rows.
 """
 
 from __future__ import annotations

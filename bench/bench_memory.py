@@ -1,4 +1,4 @@
-"""Peak memory of every command at scale (issue 16): each command in its own process, against 2 GB.
+"""Peak memory of every command at scale: each command in its own process, against 2 GB.
 
     python bench/bench_memory.py --work /tmp/bench-memory            # every case (about 50 min, 9 GB of disk)
     python bench/bench_memory.py --work /tmp/bench-memory --reuse --only report --only inspect-ids
@@ -6,7 +6,7 @@
 Target: peak RSS under 2 GB (2,048 MB) at 1 M requests / 10 M trace rows. Peak is ``ru_maxrss`` of
 the command's own process (``wait4``). The parent only starts processes (fixtures are built by child
 processes too), so it stays far below what it measures: on Linux a child inherits its parent's
-high-water RSS across fork + exec (bench/README.md, "Measurement notes").
+high-water RSS across fork + exec (bench/README.md, "How to read the numbers").
 
 Fixtures, under --work (kept, and reused with --reuse; delete the directory when done):
 

@@ -11,7 +11,7 @@ Phases, one after the other in this process, so the ratios compare like with lik
 3. per-config overhead parts: spawning a pool worker (import of the engine), the worker's trace load,
    and the summary (result gathering) of one run, each timed on its own.
 
-Reported: sweep wall / (sum of single-run walls / workers) -- the issue's target is <= 1.2 -- and
+Reported: sweep wall / (sum of single-run walls / workers) -- the target is <= 1.2 -- and
 the same ratio in CPU seconds (sweep process plus its pool workers against the single processes),
 which other processes on the cores do not skew; and the overhead per config = summary + (worker
 start + trace load) x workers / configs. The load average is printed before and after: on a shared

@@ -33,7 +33,7 @@ from bench.compare.traces import prepare
 from bench.compare.translate import PeerTraffic, translate
 from replay.engine.config import load_config
 
-# Agreement targets from issue 7: reuse within 0.01 absolute; mean TTFT and mean ITL within 10%
+# Agreement targets: reuse within 0.01 absolute; mean TTFT and mean ITL within 10%
 # with `timing: aic`, within 20% with the default roofline.
 REUSE_ABS_TOL = 0.01
 LATENCY_REL_TOL = {"aic": 0.10, "roofline": 0.20}
@@ -97,7 +97,7 @@ def _tail(path: str, chars: int = 1500) -> str:
 
 
 def ours_available() -> tuple[bool, str]:
-    """Is `replay run` a real command yet? (The engine lands in its own issue.)"""
+    """Can `replay run` be started here (the command, with the engine importable)?"""
     cmd, env = replay_command()
     proc = subprocess.run([*cmd, "run", "--help"], capture_output=True, text=True, env=env, cwd=REPO_ROOT)
     if proc.returncode != 0:
@@ -154,7 +154,7 @@ def _rel(a: float | None, b: float | None) -> float | None:
 
 
 def agreement(ours: dict[str, Any] | None, peer: dict[str, Any] | None, backend: str) -> list[dict[str, Any]]:
-    """The issue's agreement checks, each with its target and verdict (None when a side is missing)."""
+    """The agreement checks (reuse, TTFT, ITL), each with its target and verdict (None when a side is missing)."""
     tol = LATENCY_REL_TOL[backend]
     checks = [
         ("reuse_ratio", "abs", REUSE_ABS_TOL),

@@ -1,4 +1,4 @@
-"""Reuse-heavy, high-rate traffic (issue 15): the shape on which we were 2x slower than AISimulate.
+"""Reuse-heavy, high-rate traffic: the shape on which replay's speed against AISimulate is closest.
 
 Every request is whole 512-token blocks, so prefix identity is exact at the hash-block level:
 
@@ -11,7 +11,7 @@ Every request is whole 512-token blocks, so prefix identity is exact at the hash
 * outputs lognormal with median ``output_median`` (sigma ``output_sigma``), clipped to 16..2,048;
 * Poisson arrivals at ``rate`` requests/s.
 
-Deterministic from the seed. Benchmark traffic only: the numbers are the issue's, not a calibration.
+Deterministic from the seed. Benchmark traffic only: the numbers are a chosen stress shape, not a calibration.
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ def _kill_tree(ps: psutil.Process | None, pid: int) -> None:
 
 
 def aisimulate_exe() -> Path | None:
-    """AISimulate lives in its own venv beside the project (spec/peer-aisimulate.md), never as a dependency."""
+    """AISimulate lives in its own venv beside the project (docs/fidelity.md), never as a dependency."""
     env = os.environ.get("AISIMULATE")
     candidates = [Path(env)] if env else []
     candidates.append(Path.home() / "aisim" / "bin" / "aisimulate")

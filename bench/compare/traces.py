@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from replay.base.atomic import atomic_path
 from replay.ingest.schema import TRACE_SCHEMA, TraceMetadata, is_canonical_trace, read_trace
 
-# Mooncake's own block size (spec/trace-formats.md): tokens covered by one hash id.
+# Mooncake's own block size (the Mooncake trace's documentation): tokens covered by one hash id.
 MOONCAKE_BLOCK_SIZE = 512
 
 

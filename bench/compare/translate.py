@@ -59,7 +59,7 @@ class Translation:
 def expected_accepted_from_rates(rates: list[float]) -> float:
     """E[accepted drafts per step] for conditional per-position rates: sum_i prod_{j<=i} a_j.
 
-    spec/h200-timing.md (MTP): expected tokens per step = 1 + sum_i prod_{j<=i} a_j.
+    (MTP, docs/engine.md): expected tokens per step = 1 + sum_i prod_{j<=i} a_j.
     """
     total, run = 0.0, 1.0
     for rate in rates:

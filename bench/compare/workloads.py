@@ -19,7 +19,7 @@ WORKLOADS_FILE = HERE / "workloads.yaml"
 
 
 def shared_dir() -> Path:
-    """The team's shared specs and traces: $REPLAY_SHARED, else ../shared beside the repository."""
+    """The shared traces folder: $REPLAY_SHARED, else a `shared` folder beside the repository checkout."""
     return Path(os.environ.get("REPLAY_SHARED", REPO_ROOT.parent / "shared"))
 
 
@@ -31,14 +31,14 @@ class Generate(Strict):
     """A trace made at run time into the work directory, never into the repository."""
 
     kind: Literal["reference", "synth", "reuse"]
-    # reference: distinct prompts of fixed length (spec/peer-aisimulate.md, mtp-g2-120k-b2048)
+    # reference: distinct prompts of fixed length (AISimulate's reference workload mtp-g2-120k-b2048)
     requests: int | None = Field(None, gt=0)
     input_tokens: int | None = Field(None, gt=0)
     output_tokens: int | None = Field(None, gt=0)
     hash_block_size: int = Field(512, gt=0)
     # synth: arguments of `replay synth`; "{out}" is replaced by the trace path
     args: list[str] | None = None
-    # reuse: the reuse-heavy high-rate shape of issue 15 (bench/compare/reuse_traffic.py)
+    # reuse: the reuse-heavy high-rate shape (bench/compare/reuse_traffic.py)
     reuse: ReuseTrafficConfig | None = None
 
     @model_validator(mode="after")

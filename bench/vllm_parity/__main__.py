@@ -27,7 +27,7 @@ def rows_file(w: Workload) -> Path:
 
 
 def write_rows(w: Workload) -> None:
-    """The trace rows a workload replays, stored once per slice (tests must not need ../shared)."""
+    """The trace rows a workload replays, stored once per slice (tests must not need the shared traces)."""
     path = rows_file(w)
     if path.exists():
         return

@@ -58,7 +58,7 @@ def _mtp(k: int, layers: int) -> dict:
 
 
 def _variants(start: int, rows: int, tag: str, ample: int, small: int) -> list[Workload]:
-    """Every scheduler setting of the issue on one burst; ``small`` forces preemptions."""
+    """Every scheduler setting the parity harness covers, on one burst; ``small`` forces preemptions."""
     w = lambda name, **kw: Workload(name=f"{name}-{tag}", start=start, rows=rows, **kw)  # noqa: E731
     out = [
         w("ample", num_gpu_blocks=ample),
