@@ -35,13 +35,13 @@ CONFIGS = ROOT / "bench" / "compare" / "configs"
 WORKLOADS = {
     "sample": ("sample", None, None, "the README's bundled sample, vLLM defaults"),
     "mooncake-0.25x": ("mooncake", CONFIGS / "mooncake-0.25x.yaml", None,
-                       "issue 4: no slower than AISimulate's whole process"),
+                       "no slower than AISimulate's whole process"),
     "synth-100k": ("synth-100k", CONFIGS / "synth-100k.yaml", None,
-                   "issue 4: no slower than AISimulate; peak < 1 GB"),
+                   "no slower than AISimulate; peak < 1 GB"),
     "ref-mtp": ("reference", CONFIGS / "ref-mtp.yaml", 10.0, "reference workload, MTP only"),
     "ref-g2": ("reference", CONFIGS / "ref-g2.yaml", 10.0, "reference workload, G2 only"),
     "ref-mtp-g2": ("reference", ROOT / "bench" / "configs" / "ref-mtp-g2.yaml", 10.0,
-                   "issue 5: reference workload, MTP + G2 together, < 10 s"),
+                   "reference workload, MTP + G2 together, < 10 s"),
 }
 
 

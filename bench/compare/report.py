@@ -123,7 +123,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in table_rows(result)]
     checks = [c for c in result.get("agreement", []) if c["ok"] is not None]
     if checks:
-        lines += ["", "Agreement targets (issue 7):", ""]
+        lines += ["", "Agreement targets:", ""]
         for c in checks:
             lines.append(f"- `{c['metric']}`: {_fmt(c['diff'], '{:+.4f}')} ({c['kind']}, limit {c['limit']}): "
                          f"{'within target' if c['ok'] else 'OUTSIDE target'}")
