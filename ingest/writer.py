@@ -2,7 +2,7 @@
 
 Batches are buffered up to ``ROW_GROUP_ROWS`` rows and written as one row group, so memory stays
 bounded on traces of tens of millions of rows. The caller gives a temp path (see
-``replay.atomic.atomic_path``): the file appears at its final name only when complete.
+``replay.base.atomic.atomic_path``): the file appears at its final name only when complete.
 """
 
 from __future__ import annotations

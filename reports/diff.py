@@ -30,7 +30,7 @@ from replay.reports.slo import Slo
 from replay.reports.sqlfiles import sql
 from replay.reports.views import VIEW_SQL, Run, open_run
 
-# The three databases the diff queries at once share one report's DuckDB budget (replay/duckdb_conn.py):
+# The three databases the diff queries at once share one report's DuckDB budget (replay/base/duckdb_conn.py):
 # each run's metrics half of it, the paired statistics (requests only) a quarter.
 RUN_MEMORY_MB = MEMORY_LIMIT_MB // 2
 PAIRED_MEMORY_MB = MEMORY_LIMIT_MB // 4

@@ -136,7 +136,7 @@ def _find_trace(outdir: Path, info: dict[str, Any], notes: list[str]) -> Path | 
 
 
 def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -> Run:
-    """Check the OUTDIR and create its views on a fresh (``replay.duckdb_conn.connect``: memory-limited,
+    """Check the OUTDIR and create its views on a fresh (``replay.base.duckdb_conn.connect``: memory-limited,
     spilling) or given in-memory DuckDB connection."""
     outdir = Path(outdir)
     info = read_run_json(outdir)

@@ -36,10 +36,10 @@ def user_errors() -> Iterator[None]:
     except Exception as exc:
         if not _is_duckdb_out_of_memory(exc):
             raise
-        # Queries run under a memory limit and spill to a temp directory (replay/duckdb_conn.py); one
+        # Queries run under a memory limit and spill to a temp directory (replay/base/duckdb_conn.py); one
         # that cannot spill, or a full disk, ends here: say so in one line, not a traceback.
         first = one_line(str(exc)).split("Possible solutions")[0].strip()
         err_console.print(f"[bold red]error:[/] DuckDB ran out of memory: {escape(first)} (its limit and spill "
-                          "directory are set in replay/duckdb_conn.py; check free space in the temp directory)",
+                          "directory are set in replay/base/duckdb_conn.py; check free space in the temp directory)",
                           highlight=False, soft_wrap=True)
         raise typer.Exit(code=2) from None

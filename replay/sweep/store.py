@@ -30,7 +30,7 @@ TRACE_FILE = "trace.parquet"
 RESULTS_DIR = "results"
 RUNS_DIR = "runs"
 KEY_LEN = 20  # hex digits: 80 bits, no collision in any sweep a person runs
-# replay.atomic names its temp paths ".<final name>.replay-<pid>-<random>.tmp"
+# replay.base.atomic names its temp paths ".<final name>.replay-<pid>-<random>.tmp"
 _LEFTOVER = re.compile(r"^\.(.+)\.replay-\d+-[A-Za-z0-9_]+\.tmp$")
 CONFIG_HASH_LEN = 16  # hex digits of the config hash shown in tables and the `config` column
 
@@ -79,7 +79,7 @@ class ResultStore:
 
     def remove_leftovers(self) -> None:
         """Remove the temp files and directories of writes that never finished (a worker killed
-        mid-run), through replay.atomic's own rule: only its temp names, only when the process that
+        mid-run), through replay.base.atomic's own rule: only its temp names, only when the process that
         made them is gone (a live concurrent sweep's temps stay)."""
         for folder in (self.root, self.root / RESULTS_DIR, self.root / RUNS_DIR):
             finals = {m.group(1) for p in folder.iterdir() if (m := _LEFTOVER.match(p.name))}

@@ -1,13 +1,16 @@
 """Report databases spill past their memory budget into their own temp directory, never the working
-directory, and leave nothing behind once closed (replay/duckdb_conn.py)."""
+directory, and leave nothing behind once closed (replay/base/duckdb_conn.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import replay.base.duckdb_conn as duckdb_conn
 
 
+@pytest.mark.slow
 def test_spills_past_the_budget_into_its_own_directory_and_cleans_up(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # DuckDB's default would be ./.tmp
     monkeypatch.setattr(duckdb_conn.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))

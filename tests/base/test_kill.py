@@ -18,6 +18,8 @@ import pytest
 
 from tests.cli_helpers import ROOT, SAMPLE
 
+pytestmark = pytest.mark.slow  # minutes: `pytest -m slow` (.ci/run runs it)
+
 _SEED = int(os.environ.get("REPLAY_KILL_SEED", "20261130"))
 
 
@@ -51,7 +53,7 @@ def _snapshot(path: Path) -> dict[str, bytes]:
     return out
 
 
-_TEMP = re.compile(r"\.replay-(old-)?\d+-")  # replay.atomic's temp names carry the writer's pid
+_TEMP = re.compile(r"\.replay-(old-)?\d+-")  # replay.base.atomic's temp names carry the writer's pid
 
 
 def _temps(d: Path) -> list[str]:

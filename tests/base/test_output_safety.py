@@ -276,6 +276,7 @@ def _wait_for_temp(directory: Path, proc: subprocess.Popen, timeout: float = 60.
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,code,word", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
 def test_signal_removes_temps_keeps_old_output_and_says_so(tmp_path, sig, code, word):
     old = _run_cli(["run", str(SAMPLE), "-o", "big", "-q", "--set", "load.max_requests=50"], tmp_path)

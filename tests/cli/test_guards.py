@@ -71,6 +71,7 @@ _CORRUPT_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimize", [False, True], ids=["python", "python -O"])
 def test_check_invariants_catch_a_planted_bug(tmp_path, optimize):
     """`--check` must stop a run whose block accounting is broken, with or without `python -O`."""

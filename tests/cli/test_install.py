@@ -55,8 +55,8 @@ def _run(python: Path, code: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_the_installed_package_replays_from_another_folder(installed: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    code = ("import sys; from replay.cli import app; sys.argv = ['replay', 'run', %r, '-o', %r, '-q',"
-            " '--set', 'load.max_requests=50']; app()") % (str(SAMPLE), str(out))
+    argv = ["replay", "run", str(SAMPLE), "-o", str(out), "-q", "--set", "load.max_requests=50"]
+    code = f"import sys; from replay.cli import app; sys.argv = {argv!r}; app()"
     res = _run(installed, code, tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert (out / "requests.parquet").is_file() and (out / "run.json").is_file()

@@ -200,6 +200,7 @@ def test_a_sweep_dir_of_another_trace_is_refused(swept, tmp_path):
         SweepSession.open(other, None, swept, parse_sweep_slo(None), SweepOptions(workers=1))
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_resumes_without_leftovers(tmp_path):
     """SIGKILL the sweep's driver mid-way: its pool workers exit on their own, no sweep.parquet is
     written, and the rerun cleans the dead writers' temp directories, keeps the finished configs and

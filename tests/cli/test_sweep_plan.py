@@ -93,6 +93,7 @@ def _burst_trace(path: Path, k: int) -> Path:
     return write_canonical(rows, path)
 
 
+@pytest.mark.slow
 def test_plan_closed_form_max_num_seqs(tmp_path):
     """K requests arrive at once, each needing one short prefill and 400 decode steps. With
     max_num_seqs >= K all are admitted in the first step (K x 64 = 1,280 tokens fit the 8,192 budget),
@@ -113,6 +114,7 @@ def test_plan_closed_form_max_num_seqs(tmp_path):
     assert len(runs) == row["runs"] and all(r["error"] is None for r in runs)
 
 
+@pytest.mark.slow
 def test_plan_matches_a_brute_force_grid_of_direct_runs(tmp_path):
     """The smallest KV cache (num_gpu_blocks, 600..1900 step 100) giving p99 TTFT <= 1000 ms on the
     first 150 sample requests, found by direct runs of every value and numpy percentiles."""

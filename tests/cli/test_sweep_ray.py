@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 from replay.cli import app
 from tests.sweep_helpers import SAMPLE
 
+pytestmark = pytest.mark.slow  # minutes: `pytest -m slow` (.ci/run runs it)
+
 ray = pytest.importorskip("ray", reason="Ray is the optional extra '.[ray]' (the README's test command installs it)")
 
 GRID = ["load.max_requests=60", "scheduler.max_num_seqs=2,32", "kv_cache.num_gpu_blocks=40,3000"]

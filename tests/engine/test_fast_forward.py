@@ -27,7 +27,8 @@ def _busy_trace(n: int, seed: int):
 
 
 @pytest.mark.parametrize("blocks,budget,cpu_blocks", [(60, 64, None), (400, 256, None), (60, 64, 80),
-                                                       (120, 128, 30), (400, 256, 5000)])
+                                                       (120, 128, 30),
+                                                       pytest.param(400, 256, 5000, marks=pytest.mark.slow)])
 def test_fast_forward_is_byte_identical(tmp_path, blocks, budget, cpu_blocks):
     table, meta = _busy_trace(150, seed=blocks)
     data = {"scheduler": {"max_num_batched_tokens": budget}}

@@ -70,7 +70,7 @@ def _same_files(a, b) -> None:
 
 
 @pytest.mark.parametrize("router", ROUTERS)
-@pytest.mark.parametrize("offload", [False, True])
+@pytest.mark.parametrize("offload", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_fleet_of_one_is_the_single_engine(tmp_path, router, offload):
     table, meta = make_trace(_rows(150, 3, sessions=True))
     base = {"scheduler": {"max_num_batched_tokens": 128}}
@@ -251,6 +251,7 @@ def test_diff_of_two_routers_names_the_fleet_first(tmp_path):
     assert config.index("fleet.router") < config.index("| key |") + 200
 
 
+@pytest.mark.slow
 def test_kv_aware_reuses_at_least_as_much_as_blind_routers_on_mooncake(mooncake_trace, tmp_path):
     """The issue's bar on real traffic: Dynamo's router with KV events reaches a fleet prefix reuse
     at least as high as round robin and session affinity (1,500 Mooncake rows, 4 replicas)."""

@@ -22,6 +22,8 @@ from replay.engine import native
 from replay.engine.timing.aic import aic_available
 from tests.cli_helpers import ROOT, SAMPLE
 
+pytestmark = pytest.mark.slow  # minutes: `pytest -m slow` (.ci/run runs it)
+
 MANIFEST = native._MANIFEST  # beside the installed engine package's compiled modules (setup.py)
 AZURE_SAMPLE = ROOT / "sample_traces" / "azure_code.csv"
 OUTPUTS = ("requests.parquet", "steps.parquet", "chunks.parquet")

@@ -10,6 +10,8 @@ from replay.engine.run import replay_trace
 from replay.ingest import load_trace, trace_stats
 from tests.engine_helpers import FixedTimer, setup_for
 
+pytestmark = pytest.mark.slow  # minutes: `pytest -m slow` (.ci/run runs it)
+
 
 def test_infinite_cache_hit_rate_matches_token_prefix_hit(tmp_path, mooncake_trace):
     # One request at a time (concurrency 1), so every earlier prompt is cached when a request is
