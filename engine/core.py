@@ -61,7 +61,7 @@ class EngineCore:
         self.wake_ms = math.inf  # time of this replica's live entry in the fleet's event heap
         self.version = 0  # bumps when that entry is superseded (older heap entries are then ignored)
 
-    # -- state the router and the fleet read ---------------------------------------------------------
+    # -- state the fleet reads (routers read it through engine/replica_view.py) -----------------------
     @property
     def num_waiting(self) -> int:
         return len(self.sched.waiting) + len(self.inbox)

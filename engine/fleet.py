@@ -32,6 +32,7 @@ from replay.engine.arrivals import ArrivalPlan
 from replay.engine.block_keys import BlockKeys
 from replay.engine.core import DYNAMIC, OPEN, EngineCore
 from replay.engine.recorder import Recorder
+from replay.engine.replica_view import ReplicaView
 from replay.engine.request import Request
 from replay.engine.routers.base import Router
 from replay.engine.trace_input import TraceArrays, shared_lead_within
@@ -49,6 +50,7 @@ class FleetLoop:
         self.plan = plan
         self.cores = cores
         self.router = router
+        self.views = [ReplicaView(core) for core in cores]  # all a router may read of the replicas
         self.rec = recorder
         self.block_size = block_size
         self.hash_lookahead = hash_lookahead
@@ -214,7 +216,7 @@ class FleetLoop:
         req = Request(idx, t.request_id[idx], time_ms, inp, int(t.output_tokens[idx]), keys,
                       t.session_id[idx], int(t.turn[idx]) if t.turn[idx] >= 0 else None,
                       int(t.priority[idx]))
-        rid = 0 if self._predict == "single" else self.router.route(req, self.cores, time_ms)
+        rid = 0 if self._predict == "single" else self.router.route(req, self.views, time_ms)
         self.rec.replica[idx] = rid
         deps = self.plan.dependents.get(idx)
         if deps and self._predict != "single":

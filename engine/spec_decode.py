@@ -15,7 +15,9 @@ from replay.engine.config import SpeculativeConfig
 _MASK = (1 << 64) - 1
 
 
-def _splitmix64(x: int) -> int:
+def splitmix64(x: int) -> int:
+    """SplitMix64's output function: a well-mixed 64-bit hash of ``x`` (the MTP draws and the random
+    router use it; engine/routers/base.py re-exports it for routers)."""
     x = (x + 0x9E3779B97F4A7C15) & _MASK
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
@@ -72,15 +74,15 @@ class AcceptanceSampler:
 
     def __init__(self, rates: list[float], seed: int) -> None:
         self.rates = rates
-        self.seed_mix = _splitmix64(seed & _MASK)
+        self.seed_mix = splitmix64(seed & _MASK)
 
     def num_accepted(self, request_idx: int, spec_step: int, num_drafts: int) -> int:
         """Accepted drafts (leading run) among the first ``num_drafts`` positions."""
-        base = _splitmix64(self.seed_mix ^ ((request_idx * 0x100000001B3) & _MASK))
-        base = _splitmix64(base ^ spec_step)
+        base = splitmix64(self.seed_mix ^ ((request_idx * 0x100000001B3) & _MASK))
+        base = splitmix64(base ^ spec_step)
         accepted = 0
         for pos in range(num_drafts):
-            u = _splitmix64(base + pos) / 18446744073709551616.0
+            u = splitmix64(base + pos) / 18446744073709551616.0
             if u >= self.rates[pos]:
                 break
             accepted += 1

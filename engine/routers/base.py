@@ -5,21 +5,31 @@ at that instant, and names the replica that gets it. Routers that only look at t
 robin, random, session affinity) say so, which lets every replica fast-forward decode windows up to
 the next arrival that is actually its own; routers that read replica state end every replica's
 window at every arrival (the state they read must be the state at that instant).
+
+Writing a router: one small file in engine/routers/ with a ``Router`` subclass that sets ``name``
+(and ``reads_replica_state = True`` if ``route`` reads a replica), implements ``route``, and
+imports nothing of the engine but this module, engine/request.py (the ``Request`` record: block
+keys, lengths, session, timestamps) and engine/replica_view.py (``ReplicaView``: the only thing a
+router may read of a replica: queue lengths, KV usage, prefix hits). Then register its options
+model in engine/routers/options.py, its class in engine/routers/__init__.py and its name in
+engine/config.py's ``RouterName``; tests/test_router_imports.py fails if a router module imports
+anything else of the engine. docs/fleet.md, "Writing a router", walks through an example.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
+from replay.engine.replica_view import ReplicaView
 from replay.engine.request import Request
+from replay.engine.spec_decode import splitmix64
 from replay.engine.trace_input import TraceArrays
 
-if TYPE_CHECKING:
-    from replay.engine.core import EngineCore
+__all__ = ["Router", "RouterContext", "splitmix64"]  # splitmix64: a seeded 64-bit hash for routers
 
 
 @dataclass
@@ -44,7 +54,9 @@ class Router:
         # Ties are broken by a seeded draw (Dynamo and llm-d pick uniformly among equal scores).
         self.rng = random.Random(ctx.seed * 1_000_003 + 7919)
 
-    def route(self, req: Request, replicas: list[EngineCore], now_ms: float) -> int:
+    def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
+        """The replica (index into ``replicas``) that gets ``req``, arriving at ``now_ms``.
+        ``replicas`` is the same list at every call, each view answering for the routing instant."""
         raise NotImplementedError
 
     def request_finished(self, req: Request, replica: int) -> None:

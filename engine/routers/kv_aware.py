@@ -15,9 +15,10 @@ temperature and sampled through a softmax. A request counts as prefilling until 
 and as active until it finishes (Dynamo: mark_prefill_completed, free).
 
 ``kv_events: true``: the overlap is read from the replica's real prefix cache at the arrival
-instant (what KV events give Dynamo). ``kv_events: false`` (Dynamo's approximate mode,
-approx.rs): the router remembers the blocks it routed to each worker for ``ttl_s`` (120 s; routing
-a block again renews it), pruned to 80% of ``max_tree_blocks`` (2^20) by earliest expiry.
+instant (what KV events give Dynamo), ReplicaView.prefix_hit_blocks. ``kv_events: false``
+(Dynamo's approximate mode, approx.rs): the router remembers the blocks it routed to each worker
+for ``ttl_s`` (120 s; routing a block again renews it), pruned to 80% of ``max_tree_blocks``
+(2^20) by earliest expiry.
 
 Block identities are the engine's block keys: chained like Dynamo's sequence hashes, so the blocks
 a request shares with a worker's active requests are a leading run (found by bisection).
@@ -29,6 +30,7 @@ import math
 from collections import deque
 from itertools import takewhile
 
+from replay.engine.replica_view import ReplicaView
 from replay.engine.request import Request
 from replay.engine.routers.base import Router, RouterContext
 
@@ -94,9 +96,10 @@ class KvAwareRouter(Router):
         n_full = req.num_prompt_tokens // self.ctx.block_size
         return req.keys.keys_upto(n_full)[:n_full]
 
-    def _overlap(self, w: int, replicas, keys: list[int], runs: list[range], now_ms: float) -> int:
+    def _overlap(self, w: int, replicas: list[ReplicaView], keys: list[int], runs: list[range],
+                 now_ms: float) -> int:
         if self.kv_events:  # the replica's prefix cache itself, walked a trace block at a time
-            return len(replicas[w].kv_pool.cached_prefix(runs))
+            return replicas[w].prefix_hit_blocks(runs)
         index = self.approx[w]
         index.prune(now_ms)
         return sum(1 for _ in takewhile(index.expiry.__contains__, keys))
@@ -113,7 +116,7 @@ class KvAwareRouter(Router):
                     keep.append((r, tokens))
             self.prefilling[w] = keep
 
-    def route(self, req: Request, replicas, now_ms: float) -> int:
+    def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
         bs = self.ctx.block_size
         keys = self._prompt_keys(req)
         runs = req.keys.key_runs(0, len(keys), bs) if self.kv_events else []

@@ -20,6 +20,7 @@ replicas' exact state at every arrival.
 
 from __future__ import annotations
 
+from replay.engine.replica_view import ReplicaView
 from replay.engine.request import Request
 from replay.engine.routers.base import Router, RouterContext
 
@@ -37,12 +38,12 @@ class LeastLoadedRouter(Router):
         self.next_refresh = 0.0
         self.start = 0
 
-    def _refresh(self, replicas, now_ms: float) -> None:
+    def _refresh(self, replicas: list[ReplicaView], now_ms: float) -> None:
         self.snapshot = [[c.num_waiting, c.num_running, c.kv_usage()] for c in replicas]
         if self.interval > 0:
             self.next_refresh = (now_ms // self.interval + 1) * self.interval
 
-    def route(self, req: Request, replicas, now_ms: float) -> int:
+    def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
         if self.interval <= 0 or now_ms >= self.next_refresh:
             self._refresh(replicas, now_ms)
         n = self.n

@@ -11,7 +11,11 @@ Scorers, each in [0, 1] (pkg/epp/scheduling/.../scorer):
   block included. By default (llm-d's approximate prefix producer) a replica "holds" the blocks
   the router sent it, in a per-replica LRU of ``lru_capacity_blocks`` (default: the engine's
   number of KV blocks, llm-d's auto-tune); ``precise: true`` reads the replica's real prefix cache
-  instead (llm-d's precise prefix-cache scorer, fed by KV events).
+  instead (llm-d's precise prefix-cache scorer, fed by KV events): each replica's leading run of
+  cached request blocks, ReplicaView.prefix_hit_blocks. That is the walk's count: a replica's
+  cache never holds a block of a request's chain without the blocks before it (a hit takes a
+  leading run and vLLM frees a request's blocks tail first, so a chain is evicted from its end),
+  so the replicas' matches stop where the walk stops.
 
 Default weights are llm-d's defaults (pkg/epp/config/loader/defaults.go): queue 2,
 kv_cache_utilization 2, prefix_cache 3.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from replay.engine.replica_view import ReplicaView
 from replay.engine.request import Request
 from replay.engine.routers.base import Router, RouterContext
 
@@ -43,37 +48,49 @@ class PrefixScoreRouter(Router):
         self.capacity = options.lru_capacity_blocks or ctx.num_gpu_blocks
         self.lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(self.n)]
 
-    def _request_blocks(self, req: Request) -> list[int]:
+    def _request_blocks(self, req: Request) -> tuple[int, int | None]:
+        """(full blocks counted, key of the partial tail block or None)."""
         bs = self.ctx.block_size
         isl = req.num_prompt_tokens
         n_full = min(isl // bs, self.max_blocks)
-        keys = req.keys.keys_upto(n_full)[:n_full]
         if n_full < self.max_blocks and isl % bs:
-            keys = keys + [req.keys.prefix_key(isl)]  # the partial tail block counts too (llm-d)
-        return keys
+            return n_full, req.keys.prefix_key(isl)  # the partial tail block counts too (llm-d)
+        return n_full, None
 
-    def _holders(self, replicas, key: int) -> list[int]:
-        if self.precise:
-            return [w for w in range(self.n) if replicas[w].kv_pool.is_cached(key)]
-        return [w for w in range(self.n) if key in self.lru[w]]
-
-    def route(self, req: Request, replicas, now_ms: float) -> int:
-        n = self.n
-        keys = self._request_blocks(req)
-        matches = [0] * n
+    def _approx_matches(self, keys: list[int]) -> list[int]:
+        """llm-d's walk over the router's own LRUs: stops at the first block no replica holds."""
+        lrus = self.lru
+        matches = [0] * self.n
         for key in keys:
-            holders = self._holders(replicas, key)
+            holders = [w for w, lru in enumerate(lrus) if key in lru]
             if not holders:
                 break
             for w in holders:
                 matches[w] += 1
+        return matches
+
+    def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
+        n = self.n
+        n_full, tail = self._request_blocks(req)
+        n_keys = n_full + (tail is not None)
+        keys: list[int] = []
+        if self.precise:
+            runs = req.keys.key_runs(0, n_full, self.ctx.block_size)
+            if tail is not None:
+                runs.append(range(tail, tail + 1))
+            matches = [v.prefix_hit_blocks(runs) for v in replicas]
+        else:
+            keys = req.keys.keys_upto(n_full)[:n_full]
+            if tail is not None:
+                keys.append(tail)
+            matches = self._approx_matches(keys)
         queues = [c.num_waiting for c in replicas]
         qmin, qmax = min(queues), max(queues)
         totals = []
         for w in range(n):
             queue = 1.0 if qmax == qmin else (qmax - queues[w]) / (qmax - qmin)
             kv = 1.0 - replicas[w].kv_usage()
-            prefix = matches[w] / len(keys) if keys else 0.0
+            prefix = matches[w] / n_keys if n_keys else 0.0
             totals.append(self.w_queue * queue + self.w_kv * min(max(kv, 0.0), 1.0) + self.w_prefix * prefix)
         w = self._pick_min([-t for t in totals])
         if not self.precise:

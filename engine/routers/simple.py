@@ -7,9 +7,9 @@ from bisect import bisect_left
 
 import numpy as np
 
+from replay.engine.replica_view import ReplicaView
 from replay.engine.request import Request
-from replay.engine.routers.base import Router, RouterContext
-from replay.engine.spec_decode import _splitmix64  # the same well-mixed 64-bit hash the MTP draws use
+from replay.engine.routers.base import Router, RouterContext, splitmix64  # the hash the MTP draws use
 
 
 def _hash64(text: str) -> int:
@@ -27,7 +27,7 @@ class RoundRobinRouter(Router):
         super().__init__(ctx, options)
         self.counter = 0
 
-    def route(self, req: Request, replicas, now_ms: float) -> int:
+    def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
         target = self.counter % self.n
         self.counter += 1
         return target
@@ -42,11 +42,11 @@ class RandomRouter(Router):
 
     name = "random"
 
-    def route(self, req: Request, replicas, now_ms: float) -> int:
+    def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
         return self._target(req.idx)
 
     def _target(self, row: int) -> int:
-        return _splitmix64((self.ctx.seed << 32) ^ row) % self.n
+        return splitmix64((self.ctx.seed << 32) ^ row) % self.n
 
     def static_targets(self, rows: np.ndarray) -> np.ndarray:
         return np.fromiter((self._target(int(r)) for r in rows), dtype=np.int64, count=len(rows))
@@ -85,7 +85,7 @@ class SessionAffinityRouter(Router):
             target = self._memo[sid] = self._lookup("s:" + sid)
         return target
 
-    def route(self, req: Request, replicas, now_ms: float) -> int:
+    def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
         return self._target(req.idx)
 
     def static_targets(self, rows: np.ndarray) -> np.ndarray:

@@ -1,0 +1,75 @@
+"""What a router may read of one replica: a narrow, read-only view (docs/fleet.md, "Writing a router").
+
+The fleet builds one ``ReplicaView`` per replica when it starts (engine/fleet.py) and hands the
+list to every routing call; each answer is read from the replica at that instant (the routing
+instant, see engine/fleet.py's module doc), never cached by the view. A router reads nothing else of
+a replica: not its scheduler, its KV cache manager or its block pool. The view holds the replica in
+private slots and offers no attribute or method that returns an engine object, so the engine's
+internals can change without touching a router, and a router cannot change a replica's state.
+
+Answers:
+- ``num_waiting``: requests routed here and not running yet: the scheduler's waiting queue
+  (preempted requests included) plus those still on their way (router latency).
+- ``num_running``: requests in the scheduler's running batch.
+- ``num_free_blocks`` / ``num_usable_blocks``: free and usable GPU KV blocks (vLLM's null block
+  excluded); a free block may still hold a cached prefix (vLLM evicts lazily).
+- ``kv_usage()``: 1 - free / usable, vLLM's kv_cache_usage (what its stats publish).
+- ``prefix_hit_blocks(runs)``: how many leading blocks of ``runs`` (a request's block keys, as
+  ``BlockKeys.key_runs`` gives them) the replica's GPU prefix cache holds now: the blocks a request
+  with those keys would find cached if it were scheduled here at once (vLLM additionally recomputes
+  the last token, so a full hit on the whole prompt gives back one block; that is the engine's
+  business, not the router's).
+
+Tiers. Every block answer is about the GPU tier (G1). When routers come to weigh the host tier
+(G2, engine/offload.py) and beyond, the view gains per-tier answers beside these (for example
+``prefix_hit_blocks_by_tier(runs)`` giving the leading run found in G1, then continued in G2) and
+the existing names keep meaning G1, so routers written against today's view keep their outputs.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from replay.engine.core import EngineCore
+
+
+class ReplicaView:
+    """Read-only view of one replica for routers (see the module doc). Built once per fleet."""
+
+    __slots__ = ("_core", "_pool", "_usable")
+
+    def __init__(self, core: EngineCore) -> None:
+        self._core = core
+        self._pool = core.kv_pool
+        self._usable = core.kv_pool.num_gpu_blocks - 1  # block 0 is vLLM's null block
+
+    # Read through C-level getters (operator.attrgetter): no Python frame per read, as the routers
+    # read every replica at every arrival.
+    num_waiting = property(attrgetter("_core.num_waiting"), doc=(
+        "Requests routed here, not running: waiting queue (preempted included) plus in flight."))
+    num_running = property(attrgetter("_core.num_running"), doc="Requests in the running batch.")
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free GPU KV blocks (cached-but-free ones included: they are evicted when reused)."""
+        return self._pool.get_num_free_blocks()
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """GPU KV blocks a request can hold (all but the null block); constant over the run."""
+        return self._usable
+
+    def kv_usage(self) -> float:
+        """GPU KV cache usage in [0, 1]: 1 - free / usable (vLLM's kv_cache_usage)."""
+        return self._core.kv_usage()
+
+    def prefix_hit_blocks(self, runs: list[range]) -> int:
+        """Leading blocks of ``runs`` (BlockKeys.key_runs order) held by this replica's GPU prefix
+        cache now: a request with these keys would find that many blocks cached here."""
+        return len(self._pool.cached_prefix(runs))
+
+    def __repr__(self) -> str:
+        return (f"ReplicaView(replica={self._core.replica}, waiting={self.num_waiting}, "
+                f"running={self.num_running}, free_blocks={self.num_free_blocks}/{self._usable})")
