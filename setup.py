@@ -18,6 +18,7 @@ install's compiled core alone.
 
 from __future__ import annotations
 
+import ast
 import atexit
 import hashlib
 import json
@@ -25,31 +26,27 @@ import os
 import shutil
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 from setuptools import find_namespace_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
-# installed package -> repository folder
-PACKAGE_DIRS = {"replay": "replay", "replay.engine": "engine", "replay.ingest": "ingest",
-                "replay.reports": "reports"}
-# Keep in step with engine/native.py NATIVE_MODULES (a test checks they agree).
-NATIVE_MODULES = [
-    "replay.engine.request",
-    "replay.engine.block_keys",
-    "replay.engine.block_pool",
-    "replay.engine.kv_cache_manager",
-    "replay.engine.scheduler",
-    "replay.engine.decode_window",
-    "replay.engine.cpu_store",
-    "replay.engine.offload",
-    "replay.engine.row_runs",
-    "replay.engine.recorder",
-    "replay.engine.core",
-    "replay.engine.timing.roofline_decode",
-    "replay.engine.timing.aic_decode",
-]
+# installed package -> repository folder (pyproject.toml, [tool.setuptools.package-dir])
+PACKAGE_DIRS: dict[str, str] = tomllib.loads((HERE / "pyproject.toml").read_text(encoding="utf-8"))[
+    "tool"]["setuptools"]["package-dir"]
+
+
+def _native_modules() -> list[str]:
+    """engine/native.py's NATIVE_MODULES, read without importing the package (its dependencies are
+    not in the build environment)."""
+    tree = ast.parse((HERE / "engine" / "native.py").read_text(encoding="utf-8"))
+    return list(next(ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                     and any(getattr(target, "id", "") == "NATIVE_MODULES" for target in node.targets)))
+
+
+NATIVE_MODULES = _native_modules()
 MANIFEST_NAME = "_native_build.json"
 
 
@@ -153,7 +150,6 @@ def _ext_modules() -> list:
 
 setup(
     packages=_packages(),
-    package_dir=PACKAGE_DIRS,
     ext_modules=_ext_modules(),
     cmdclass={"build_ext": OptionalBuildExt},
 )

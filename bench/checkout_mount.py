@@ -11,10 +11,8 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import sys
+import tomllib
 from pathlib import Path
-
-PACKAGE_DIRS = {"replay": "replay", "replay.engine": "engine", "replay.ingest": "ingest",
-                "replay.reports": "reports"}
 
 
 class CheckoutFinder:
@@ -22,7 +20,8 @@ class CheckoutFinder:
     through each package's __path__ as usual."""
 
     def __init__(self, root: Path) -> None:
-        self.dirs = {name: root / folder for name, folder in PACKAGE_DIRS.items()}
+        table = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+        self.dirs = {name: root / folder for name, folder in table["tool"]["setuptools"]["package-dir"].items()}
 
     def find_spec(self, fullname: str, path=None, target=None):  # noqa: ANN001 - importlib protocol
         folder = self.dirs.get(fullname)

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# installed package -> repository folder (setup.py PACKAGE_DIRS)
-FOLDERS = {"replay": ROOT / "replay", "replay.engine": ROOT / "engine", "replay.ingest": ROOT / "ingest",
-           "replay.reports": ROOT / "reports"}
+# installed package -> repository folder (pyproject.toml, [tool.setuptools.package-dir])
+FOLDERS = {name: ROOT / folder for name, folder in
+           tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-dir"].items()}
 # Layers, bottom-up: a module may import its own layer and the layers below it, never above.
 LAYERS = ["replay.base", "replay.ingest", "replay.engine", "replay.reports", "replay"]
 
