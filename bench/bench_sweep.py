@@ -47,9 +47,8 @@ def _cpu() -> float:
 
 def _replay(*args: str) -> tuple[float, float]:
     """(wall, CPU seconds) of one whole `replay` process, its pool workers included."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0, c0 = time.perf_counter(), _cpu()
-    subprocess.run([sys.executable, "-m", "replay.cli", *args], check=True, env=env, cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "replay.cli", *args], check=True, cwd=ROOT,
                    stdout=subprocess.DEVNULL)
     return time.perf_counter() - t0, _cpu() - c0
 
@@ -62,11 +61,10 @@ def _points(grid: list[str]) -> list[list[str]]:
 
 def _overhead_parts(trace: Path, run_dir: Path) -> dict[str, float]:
     """Each per-config cost a sweep adds, timed alone (the median of 3)."""
-    code_spawn = ("import time,sys; t=time.perf_counter(); import replay.sweep.job, engine.run, reports.metrics; "
+    code_spawn = ("import time,sys; t=time.perf_counter(); import replay.sweep.job, replay.engine.run, replay.reports.metrics; "
                   "print(time.perf_counter()-t)")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     spawn = sorted(float(subprocess.run([sys.executable, "-c", code_spawn], capture_output=True, text=True,
-                                        env=env, check=True).stdout) for _ in range(3))[1]
+                                        check=True).stdout) for _ in range(3))[1]
     from replay.ingest.schema import read_trace
     from replay.sweep.slo import parse_sweep_slo
     from replay.sweep.summary import summarize

@@ -225,6 +225,9 @@ class Scheduler:
         k = lim.num_spec_tokens
         pla = lim.prefill_lookahead
         skipped: list[Request] = []
+        # vLLM pads a new decode only when the running pass scheduled someone (scheduled_running_reqs),
+        # not when only this pass's own admissions precede it.
+        running_scheduled = len(sched_reqs) > 0
         while waiting and budget > 0 and len(running) < lim.max_num_seqs:
             r = waiting.peek()
             if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
@@ -264,7 +267,7 @@ class Scheduler:
 
             n = known - num_computed
             padded = False
-            if n == 1 and k and not prefill_scheduled and (sched_reqs or num_computed > 0) \
+            if n == 1 and k and not prefill_scheduled and (running_scheduled or num_computed > 0) \
                     and num_computed + 1 + k + 1 <= lim.max_model_len:
                 # vLLM 0.33 pad_spec_decode: a new decode joins with k placeholder drafts (all rejected)
                 # to keep the batch a uniform decode batch; it waits if the budget cannot take them.

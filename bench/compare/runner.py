@@ -145,10 +145,10 @@ AISIMULATE_INSTALL_HINT = (
 
 
 def replay_command() -> tuple[list[str], dict[str, str]]:
-    """How to start our CLI: the installed ``replay`` script, else this checkout's ``replay.cli``."""
+    """How to start our CLI: the installed ``replay`` script, else this checkout mounted
+    (bench/checkout_mount.py) in the current interpreter."""
     env = dict(os.environ)
     exe = shutil.which("replay")
     if exe:
         return [exe], env
-    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return [sys.executable, "-c", "import sys; from replay.cli import app; sys.argv[0] = 'replay'; app()"], env
+    return [sys.executable, str(REPO_ROOT / "bench" / "checkout_mount.py"), str(REPO_ROOT)], env

@@ -1,6 +1,7 @@
 """python -m bench.vllm_parity [--regenerate] [--compare] [-w NAME ...] [--list]
 
---regenerate  run vLLM's own scheduler on every workload (vLLM venv python, PYTHONPATH=repo) and
+--regenerate  run vLLM's own scheduler on every workload (the vLLM venv's python, with this
+              project installed there too: pip install --no-deps -e .) and
               write tests/fixtures/vllm_parity/<workload>.json.gz (plus the rows each one replays)
 --compare     replay every fixture through our engine and print the per-workload table; the first
               differing step is printed in full (project env; no vLLM needed)

@@ -90,7 +90,21 @@ def all_workloads() -> list[Workload]:
     out += _variants(6000, 100, "r6000-100", ample=40000, small=3000)
     out += _variants(0, 300, "r0-300", ample=150000, small=6000)
     out += _variants(3000, 300, "r3000-300", ample=150000, small=6000)
-    return [dataclasses_replace(x, max_output=200) for x in out]
+    out = [dataclasses_replace(x, max_output=200) for x in out]
+    return out + mtp_preempt_workloads()
+
+
+def mtp_preempt_workloads() -> list[Workload]:
+    """2-layer MTP (k = 2, prefill lookahead 2) under heavy preemption: a small cache, no full-prompt
+    gate and outputs up to 400 tokens, so requests are preempted mid-prefill and mid-decode and resume
+    on their own cached blocks (about 1,700 and 130 preemptions)."""
+    m = _mtp(2, 2)
+    common = dict(rows=300, num_gpu_blocks=2000, reserve_full_isl=False, max_output=400, **m)
+    return [
+        Workload(name="mtp2-2layer-preempt-lp500-r0-300", start=0, long_prefill_token_threshold=500, **common),
+        Workload(name="mtp2-2layer-preempt-b600-r3000-300", start=3000, max_num_batched_tokens=600,
+                 max_num_seqs=64, **common),
+    ]
 
 
 def dataclasses_replace(w: Workload, **kw) -> Workload:
