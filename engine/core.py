@@ -18,9 +18,10 @@ from collections.abc import Callable
 
 from replay.base.errors import ReplayError
 from replay.engine.block_pool import PoolInvariantError
-from replay.engine.decode_window import run_decode_window
+from replay.engine.decode_window import DecodeWindowReplica, DecodeWindowStart, run_decode_window
 from replay.engine.recorder import Recorder
 from replay.engine.request import Request
+from replay.engine.row_runs import StepRow
 from replay.engine.scheduler import Scheduler, SchedulerOutput
 from replay.engine.timing.base import StepTimer
 
@@ -46,7 +47,9 @@ class EngineCore:
         self.spec_k = scheduler.limits.num_spec_tokens
         self.ff_ok = fast_forward and self.spec_k == 0
         self.check_invariants = check_invariants
-        self._decode_run = getattr(timer, "decode_run", None)  # compiled window timing, if any
+        # What its decode windows use (decode_run: the timer's compiled window timing, if any).
+        self.windows = DecodeWindowReplica(scheduler, timer.step_ms, recorder, replica,
+                                           getattr(timer, "decode_run", None))
         self.now = 0.0  # this replica's clock: the end of its step or window in flight
         self.step_idx = 0
         self.schedule_calls = 0  # steps built by the scheduler (the rest are decode windows'); run.json
@@ -128,9 +131,10 @@ class EngineCore:
         if self.ff_ok:
             on_finished = self.on_finished
             finished: list[Request] | None = [] if on_finished is not None else None
-            end, taken = run_decode_window(sched, self.timer.step_ms, self.rec, now, horizon(self),
-                                           self.step_idx, replica=self.replica, decode_run=self._decode_run,
-                                           finished=finished, finish_is_quiet=self.finish_is_quiet)
+            window = run_decode_window(self.windows, DecodeWindowStart(now, horizon(self), self.step_idx, finished,
+                                                                       self.finish_is_quiet))
+            end = window.end_ms
+            taken = window.num_steps
             if taken:
                 self.step_idx += taken
                 self.busy_ms += end - now
@@ -193,10 +197,13 @@ class EngineCore:
         else:
             stored = loaded = cpu_used = 0
             cpu_usage = 0.0
-        rec.record_step((self.step_idx, start, dur, out.total_tokens, out.prefill_tokens, out.num_prefill_reqs,
-                         out.num_decode_reqs, len(sched.running), len(sched.waiting), out.num_preempted,
-                         1.0 - free / usable, usable - free, drafts, accepted, stored, loaded,
-                         cpu_used, cpu_usage), self.replica)
+        rec.record_step(StepRow(step=self.step_idx, start_ms=start, duration_ms=dur, scheduled_tokens=out.total_tokens,
+                                prefill_tokens=out.prefill_tokens, prefill_requests=out.num_prefill_reqs,
+                                decode_requests=out.num_decode_reqs, running=len(sched.running),
+                                waiting=len(sched.waiting), preemptions=out.num_preempted,
+                                kv_usage=1.0 - free / usable, kv_blocks_used=usable - free, draft_tokens=drafts,
+                                accepted_tokens=accepted, bytes_stored=stored, bytes_loaded=loaded,
+                                cpu_blocks_used=cpu_used, cpu_usage=cpu_usage), self.replica)
         self.step_idx += 1
         self.busy_ms += dur
         if self.check_invariants:

@@ -41,6 +41,7 @@ from typing import Final
 
 from replay.engine.recorder import Recorder
 from replay.engine.request import Request
+from replay.engine.row_runs import ChangePoints, WindowRows
 from replay.engine.scheduler import Scheduler
 from replay.engine.timing.base import DecodeRun
 
@@ -62,182 +63,315 @@ _LOOKUP: Final = 1
 _STORE: Final = 2
 
 
-def run_decode_window(sched: Scheduler, step_ms, rec: Recorder, now: float, next_event_ms: float,
-                      step_idx: int, min_steps: int = 3, replica: int = 0,
-                      decode_run: Callable[[int], DecodeRun | None] | None = None,
-                      finished: list[Request] | None = None,
-                      finish_is_quiet: Callable[[Request], bool] | None = None) -> tuple[float, int]:
-    """Fast-forward decode-only steps from ``now``; returns (new now, steps taken).
+class DecodeWindowReplica:
+    """What one replica's decode windows use that does not change between windows (built once
+    per replica, so that starting a window passes only where it starts).
 
     ``decode_run(nrun)``: the timer's DecodeRun for a window of ``nrun`` requests
     (engine/timing/base.py), which times runs of steps in compiled code bit-identically to
     ``step_ms``; without it (or when it gives None) every step is timed by ``step_ms``.
+    ``min_steps``: shorter windows are left to the scheduler (not worth their setup)."""
+
+    __slots__ = ("sched", "step_ms", "recorder", "replica", "decode_run", "min_steps")
+
+    def __init__(self, sched: Scheduler, step_ms: Callable[..., float], recorder: Recorder, replica: int = 0,
+                 decode_run: Callable[[int], DecodeRun | None] | None = None, min_steps: int = 3) -> None:
+        self.sched = sched
+        self.step_ms = step_ms
+        self.recorder = recorder
+        self.replica = replica
+        self.decode_run = decode_run
+        self.min_steps = min_steps
+
+
+class DecodeWindowStart:
+    """Where one window starts and what may end it.
 
     ``finished``: when given, the window may end with the step that finishes requests (see the
     module doc) and appends them there, in running order, already freed; the caller records them.
     ``finish_is_quiet(r)`` says whether ``r``'s finish concerns nobody else (no closed-loop turn
     waits on it)."""
+
+    __slots__ = ("now", "next_event_ms", "first_step", "finished", "finish_is_quiet")
+
+    def __init__(self, now: float, next_event_ms: float, first_step: int, finished: list[Request] | None = None,
+                 finish_is_quiet: Callable[[Request], bool] | None = None) -> None:
+        self.now = now
+        self.next_event_ms = next_event_ms
+        self.first_step = first_step  # index of the window's first step (steps.parquet's step column)
+        self.finished = finished
+        self.finish_is_quiet = finish_is_quiet
+
+
+class DecodeWindowResult:
+    """How far a window went: ``num_steps`` steps (0: no window, the scheduler takes the next
+    step), ending at ``end_ms`` (the start time when no step was taken)."""
+
+    __slots__ = ("end_ms", "num_steps")
+
+    def __init__(self, end_ms: float, num_steps: int) -> None:
+        self.end_ms = end_ms
+        self.num_steps = num_steps
+
+
+def run_decode_window(replica: DecodeWindowReplica, start: DecodeWindowStart) -> DecodeWindowResult:
+    """Fast-forward the decode-only steps that follow ``start.now``, as far as the scheduler could
+    make no other decision (see the module doc)."""
+    sched = replica.sched
     running = sched.running
     nrun = len(running)
-    lim = sched.limits
-    if not nrun or nrun > lim.max_num_batched_tokens:
-        return now, 0
-    max_model_len = lim.max_model_len
-    m = 1 << 62  # window step m finishes a request: it ends the window, or goes through the scheduler
-    for r in running:
-        if r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1 or r.first_token_ms < 0:
-            return now, 0
-        f = _finishes_at(r, max_model_len)
-        if f < m:
-            m = f
-    if m < min_steps or not sched.waiting_is_blocked():  # the queue check last: it may look up the head
-        return now, 0
-    # The finishing step joins the window when its finishes concern nobody but this replica: nobody
-    # waits (a finish could admit them), no G2 tier (its frees are deferred), no closed-loop turn.
-    absorb = finished is not None and not sched.waiting and sched.offload is None
-    if absorb and finish_is_quiet is not None:
-        for r in running:
-            if _finishes_at(r, max_model_len) == m and not finish_is_quiet(r):
-                absorb = False
-                break
-
-    kv = sched.kv
-    bs = kv.block_size
-    pool = kv.pool
-    offload = sched.offload
-    usable = pool.num_gpu_blocks - 1
-    base = [r.num_computed_tokens for r in running]
-    out0 = [r.num_output_tokens for r in running]
-    ctx0 = sum(base) + nrun  # decode attention context of the first window step
+    now = start.now
+    if not nrun or nrun > sched.limits.max_num_batched_tokens:
+        return DecodeWindowResult(now, 0)
+    max_model_len = sched.limits.max_model_len
+    # Window step m finishes a request: it ends the window, or goes through the scheduler.
+    m = _first_finish_step(running, max_model_len)
+    if m < replica.min_steps or not sched.waiting_is_blocked():  # the queue check last: it may look up the head
+        return DecodeWindowResult(now, 0)
+    finished = start.finished
+    absorb = finished is not None and _finish_joins_window(sched, m, start.finish_is_quiet)
+    run = replica.decode_run(nrun) if replica.decode_run is not None else None
     cap = m + 1 if absorb else m  # steps the window may take
-
-    # Step times: a step's duration depends only on its context, so they are computed in batches
-    # (doubling) as the events below reach them. times[s] is when step s starts, times[s + 1] when
-    # it ends, each the previous plus a duration, exactly as stepping adds them. A step runs if it
-    # starts before the next event.
-    durations: list[float] = []
-    times = [now]
-    run = decode_run(nrun) if decode_run is not None else None
-    batch = [16]
-
-    def extend() -> None:
-        k = min(batch[0], cap - len(durations))
-        c = ctx0 + len(durations) * nrun
-        if run is not None:
-            run.extend(c, k, durations, times)
-        else:
-            new = list(map(step_ms, repeat(0, k), repeat(0, k), repeat(0, k), repeat(0, k), repeat(nrun, k),
-                           repeat(nrun, k), range(c, c + k * nrun, nrun), repeat(0, k)))
-            durations.extend(new)
-            times.extend(islice(accumulate(new, initial=times[-1]), 1, None))
-        batch[0] *= 2
-
-    limit = cap
-
-    # Then the events, in step order: block allocations (a request crossing a block boundary), the
-    # blocked head's CPU lookup, G2 stores. Columns that change only at events are filled in runs.
-    # _next_alloc_step, inlined: this runs for every running request of every window.
-    events = [(bs * len(r.block_ids) - b, _ALLOC, pos) for pos, (r, b) in enumerate(zip(running, base))]
-    head = None
-    if offload is not None:
-        off_bs = offload.block_size
-        # A store refused earlier (CPU pool full) is due again at once: clamp to step 0.
-        events += [(max(0, _next_store_step(r, b, off_bs)), _STORE, pos)
-                   for pos, (r, b) in enumerate(zip(running, base))]
-        # A blocked queue head is looked up on the CPU tier at every step (after the step's
-        # allocations, before its stores), which moves its held keys to the LRU tail; only a step
-        # that follows stores can change anything, so the window replays the lookup then.
-        if sched.waiting and nrun < lim.max_num_seqs and lim.max_num_batched_tokens > nrun:
-            head = sched.waiting.peek()
-            head_local = kv.get_computed_blocks(head)[1]
-            events.append((0, _LOOKUP, -1))
-        stored_at: list[tuple[int, int]] = []  # (step, bytes stored)
-        cpu_changes = [(0, len(offload.store))]  # (first step, CPU blocks used) after stores
-    heapq.heapify(events)
-    free_changes = [(0, pool.get_num_free_blocks())]  # (first step, free blocks) after allocations
-    storing: list[int] = []
-    while events and events[0][0] < limit:
-        s, kind, pos = events[0]
-        while s >= len(durations) and len(durations) < cap and times[-1] < next_event_ms:
-            extend()
-        if s >= len(durations) or times[s] >= next_event_ms:
-            break  # step s starts at or after the next event: the window ends before it
-        if kind == _ALLOC:
-            r = running[pos]
-            r.num_computed_tokens = base[pos] + s
-            r.num_output_tokens = out0[pos] + s
-            if not kv.allocate_slots(r, 1, None, 0):
-                limit = s  # this step needs the real scheduler (it may preempt)
-                break
-            heapq.heapreplace(events, (_next_alloc_step(r, base[pos], bs), _ALLOC, pos))
-            free = pool.get_num_free_blocks()
-            if free_changes[-1][0] == s:
-                free_changes[-1] = (s, free)
-            else:
-                free_changes.append((s, free))
-            continue
-        heapq.heappop(events)
-        if kind == _LOOKUP:
-            offload.get_num_new_matched_tokens(head, head_local, times[s])
-            continue
-        storing.append(pos)  # prepared after this step's allocations, with the step's tokens
-        if events and events[0][0] == s:
-            continue  # more stores at this step
-        # The step's stores, in running order, as schedule() passes its scheduled requests.
-        for pos in storing:
-            r = running[pos]
-            r.num_computed_tokens = base[pos] + s + 1  # schedule() has counted the step's token
-            r.num_output_tokens = out0[pos] + s
-        offload.prepare_stores([running[pos] for pos in storing], times[s])
-        for pos in storing:
-            r = running[pos]
-            r.num_computed_tokens = base[pos] + s
-            nxt = _next_store_step(r, base[pos], off_bs)
-            heapq.heappush(events, (nxt if nxt > s else s + 1, _STORE, pos))  # a refused store retries
-        storing = []
-        offload.step_executed(times[s], times[s + 1])
-        stored, _, cpu_used, _ = offload.step_stats()
-        if stored:
-            stored_at.append((s, stored))
-        cpu_changes.append((s, cpu_used))
-        if head is not None:
-            heapq.heappush(events, (s + 1, _LOOKUP, -1))
-    while len(durations) < limit and times[-1] < next_event_ms:
-        extend()
-    s = bisect_left(times, next_event_ms, 0, min(limit, len(durations)))
+    window = _DecodeWindow(sched, _StepClock(now, running, cap, run, replica.step_ms))
+    next_event_ms = start.next_event_ms
+    limit = window.replay_events(next_event_ms)
+    clock = window.clock
+    clock.fill(limit, next_event_ms)
+    times = clock.times
+    s = bisect_left(times, next_event_ms, 0, min(limit, len(clock.durations)))
     if s > m and times[s] > next_event_ms:
         s = m  # the finishing step would end after the next event, which must not see its finishes
     if s == 0:
-        for pos, r in enumerate(running):
-            r.num_computed_tokens = base[pos]
-            r.num_output_tokens = out0[pos]
-        return now, 0
-    caching = kv.enable_caching
-    for pos, r in enumerate(running):
-        r.num_computed_tokens = base[pos] + s
-        r.num_output_tokens = out0[pos] + s
-        if caching and r.num_computed_tokens // bs > r.num_cached_blocks:
-            kv.allocate_slots(r, 0, None, 0)  # register the blocks decoding filled (see module doc)
+        window.rewind()
+        return DecodeWindowResult(now, 0)
+    window.advance(s)
     num_running_after = nrun
     if s > m and finished is not None:  # the last step finished requests (update_from_output), freed
-        done = sched.finish_decoded(times[s], max_model_len, finished)
-        num_running_after -= done
-        free_after = pool.get_num_free_blocks()
-        if free_changes[-1][0] == m:
-            free_changes[-1] = (m, free_after)
+        num_running_after -= window.finish(times[s], m, finished)
+    window.record(replica, start.first_step, s, num_running_after)
+    return DecodeWindowResult(times[s], s)
+
+
+def _first_finish_step(running: list[Request], max_model_len: int) -> int:
+    """The first window step that finishes a running request, or -1 when some request is not
+    plainly decoding (it has a prompt chunk or drafts to compute, or no first token yet)."""
+    m = 1 << 62
+    for r in running:
+        if r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1 or r.first_token_ms < 0:
+            return -1
+        f = _finishes_at(r, max_model_len)
+        if f < m:
+            m = f
+    return m
+
+
+def _finish_joins_window(sched: Scheduler, m: int, finish_is_quiet: Callable[[Request], bool] | None) -> bool:
+    """Whether the finishing step ``m`` may join the window: its finishes concern nobody but this
+    replica. Nobody waits (a finish could admit them), no G2 tier (its frees are deferred), no
+    closed-loop turn waits on a request that finishes there."""
+    if sched.waiting or sched.offload is not None:
+        return False
+    if finish_is_quiet is not None:
+        max_model_len = sched.limits.max_model_len
+        for r in sched.running:
+            if _finishes_at(r, max_model_len) == m and not finish_is_quiet(r):
+                return False
+    return True
+
+
+class _StepClock:
+    """The window's step times. A step's duration depends only on its context, so they are
+    computed in batches (doubling) as the events reach them. times[s] is when step s starts,
+    times[s + 1] when it ends, each the previous plus a duration, exactly as stepping adds them."""
+
+    __slots__ = ("nrun", "cap", "ctx0", "run", "step_ms", "durations", "times", "batch")
+
+    def __init__(self, now: float, running: list[Request], cap: int, run: DecodeRun | None,
+                 step_ms: Callable[..., float]) -> None:
+        nrun = len(running)
+        self.nrun = nrun
+        self.cap = cap  # steps the window may take
+        self.ctx0 = sum([r.num_computed_tokens for r in running]) + nrun  # decode context of step 0
+        self.run = run
+        self.step_ms = step_ms
+        self.durations: list[float] = []
+        self.times = [now]
+        self.batch = 16
+
+    def extend(self) -> None:
+        """Time the next batch of steps (never past the window's cap)."""
+        durations = self.durations
+        times = self.times
+        nrun = self.nrun
+        k = min(self.batch, self.cap - len(durations))
+        c = self.ctx0 + len(durations) * nrun
+        run = self.run
+        if run is not None:
+            run.extend(c, k, durations, times)
         else:
-            free_changes.append((m, free_after))
-    waiting = len(sched.waiting)
-    starts = times[:s]
-    ends = times[1:s + 1]
-    if offload is not None:
-        rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, free_changes, usable,
-                                 stored_at, cpu_changes, offload.num_cpu_blocks, replica=replica)
-    else:
-        rec.record_decode_window(step_idx, starts, durations[:s], nrun, waiting, free_changes, usable,
-                                 replica=replica, last_running=num_running_after)
-    rec.emit_decode_chunks([r.idx for r in running], ends)
-    return times[s], s
+            new = list(map(self.step_ms, repeat(0, k), repeat(0, k), repeat(0, k), repeat(0, k), repeat(nrun, k),
+                           repeat(nrun, k), range(c, c + k * nrun, nrun), repeat(0, k)))
+            durations.extend(new)
+            times.extend(islice(accumulate(new, initial=times[-1]), 1, None))
+        self.batch *= 2
+
+    def fill(self, limit: int, next_event_ms: float) -> None:
+        """Time steps until step ``limit`` or the first that ends at or after the next event."""
+        durations = self.durations
+        times = self.times
+        while len(durations) < limit and times[-1] < next_event_ms:
+            self.extend()
+
+
+class _DecodeWindow:
+    """One window in progress: its requests' counts at the start, the step clock, and the change
+    points of the columns that change only at events (for the recorder)."""
+
+    __slots__ = ("sched", "running", "nrun", "clock", "base", "out0", "free_blocks", "bytes_stored",
+                 "cpu_blocks_used")
+
+    def __init__(self, sched: Scheduler, clock: _StepClock) -> None:
+        self.sched = sched
+        self.running = sched.running  # the list at the start (a finish at the end makes a new one)
+        self.nrun = len(self.running)
+        self.clock = clock
+        self.base = [r.num_computed_tokens for r in self.running]
+        self.out0 = [r.num_output_tokens for r in self.running]
+        # Set from step 0 on as replay_events meets the events.
+        self.free_blocks = ChangePoints()  # free GPU blocks after each step's allocations
+        self.bytes_stored = ChangePoints()  # at the steps that started G2 stores
+        # CPU blocks used after each step's stores; None without a G2 tier
+        self.cpu_blocks_used: ChangePoints | None = None
+
+    def replay_events(self, next_event_ms: float) -> int:
+        """Replay the window's events in step order: block allocations (a request crossing a block
+        boundary), the blocked head's CPU lookup, G2 stores. Returns how many steps the window may
+        take: ``cap``, or the first step whose allocation fails (it needs the real scheduler, which
+        may preempt)."""
+        sched = self.sched
+        running = self.running
+        base = self.base
+        out0 = self.out0
+        clock = self.clock
+        durations = clock.durations
+        times = clock.times
+        cap = clock.cap
+        lim = sched.limits
+        nrun = len(running)
+        kv = sched.kv
+        bs = kv.block_size
+        pool = kv.pool
+        offload = sched.offload
+        limit = cap
+        # _next_alloc_step, inlined: this runs for every running request of every window.
+        events = [(bs * len(r.block_ids) - b, _ALLOC, pos) for pos, (r, b) in enumerate(zip(running, base))]
+        head = None
+        if offload is not None:
+            off_bs = offload.block_size
+            # A store refused earlier (CPU pool full) is due again at once: clamp to step 0.
+            events += [(max(0, _next_store_step(r, b, off_bs)), _STORE, pos)
+                       for pos, (r, b) in enumerate(zip(running, base))]
+            # A blocked queue head is looked up on the CPU tier at every step (after the step's
+            # allocations, before its stores), which moves its held keys to the LRU tail; only a step
+            # that follows stores can change anything, so the window replays the lookup then.
+            if sched.waiting and nrun < lim.max_num_seqs and lim.max_num_batched_tokens > nrun:
+                head = sched.waiting.peek()
+                head_local = kv.get_computed_blocks(head)[1]
+                events.append((0, _LOOKUP, -1))
+            bytes_stored = self.bytes_stored
+            cpu_blocks_used = ChangePoints()
+            cpu_blocks_used.set(0, len(offload.store))
+            self.cpu_blocks_used = cpu_blocks_used
+        heapq.heapify(events)
+        free_blocks = self.free_blocks
+        free_blocks.set(0, pool.get_num_free_blocks())
+        storing: list[int] = []
+        while events and events[0][0] < limit:
+            s, kind, pos = events[0]
+            while s >= len(durations) and len(durations) < cap and times[-1] < next_event_ms:
+                clock.extend()
+            if s >= len(durations) or times[s] >= next_event_ms:
+                break  # step s starts at or after the next event: the window ends before it
+            if kind == _ALLOC:
+                r = running[pos]
+                r.num_computed_tokens = base[pos] + s
+                r.num_output_tokens = out0[pos] + s
+                if not kv.allocate_slots(r, 1, None, 0):
+                    limit = s  # this step needs the real scheduler (it may preempt)
+                    break
+                heapq.heapreplace(events, (_next_alloc_step(r, base[pos], bs), _ALLOC, pos))
+                free_blocks.set(s, pool.get_num_free_blocks())
+                continue
+            heapq.heappop(events)
+            if kind == _LOOKUP:
+                offload.get_num_new_matched_tokens(head, head_local, times[s])
+                continue
+            storing.append(pos)  # prepared after this step's allocations, with the step's tokens
+            if events and events[0][0] == s:
+                continue  # more stores at this step
+            # The step's stores, in running order, as schedule() passes its scheduled requests.
+            for pos in storing:
+                r = running[pos]
+                r.num_computed_tokens = base[pos] + s + 1  # schedule() has counted the step's token
+                r.num_output_tokens = out0[pos] + s
+            offload.prepare_stores([running[pos] for pos in storing], times[s])
+            for pos in storing:
+                r = running[pos]
+                r.num_computed_tokens = base[pos] + s
+                nxt = _next_store_step(r, base[pos], off_bs)
+                heapq.heappush(events, (nxt if nxt > s else s + 1, _STORE, pos))  # a refused store retries
+            storing = []
+            offload.step_executed(times[s], times[s + 1])
+            stored, _, cpu_used, _ = offload.step_stats()
+            if stored:
+                bytes_stored.set(s, stored)
+            cpu_blocks_used.set(s, cpu_used)
+            if head is not None:
+                heapq.heappush(events, (s + 1, _LOOKUP, -1))
+        return limit
+
+    def rewind(self) -> None:
+        """No step was taken: the requests' counts go back to the window's start."""
+        base = self.base
+        out0 = self.out0
+        for pos, r in enumerate(self.running):
+            r.num_computed_tokens = base[pos]
+            r.num_output_tokens = out0[pos]
+
+    def advance(self, s: int) -> None:
+        """Every request has decoded ``s`` tokens; the blocks decoding filled are registered now
+        (see the module doc)."""
+        base = self.base
+        out0 = self.out0
+        kv = self.sched.kv
+        bs = kv.block_size
+        caching = kv.enable_caching
+        for pos, r in enumerate(self.running):
+            r.num_computed_tokens = base[pos] + s
+            r.num_output_tokens = out0[pos] + s
+            if caching and r.num_computed_tokens // bs > r.num_cached_blocks:
+                kv.allocate_slots(r, 0, None, 0)
+
+    def finish(self, end_ms: float, m: int, finished: list[Request]) -> int:
+        """The window's last step ``m`` finished requests: finish and free them as
+        update_from_output does at that step's end; returns how many."""
+        sched = self.sched
+        done = sched.finish_decoded(end_ms, sched.limits.max_model_len, finished)
+        self.free_blocks.set(m, sched.kv.pool.get_num_free_blocks())
+        return done
+
+    def record(self, replica: DecodeWindowReplica, first_step: int, s: int, running_after: int) -> None:
+        """The window's ``s`` step rows and their chunks (one token per request per step)."""
+        sched = self.sched
+        rec = replica.recorder
+        clock = self.clock
+        times = clock.times
+        offload = sched.offload
+        rec.record_decode_window(WindowRows(
+            first_step, times[:s], clock.durations[:s], self.nrun, len(sched.waiting),
+            sched.kv.pool.num_gpu_blocks - 1, self.free_blocks, self.bytes_stored, self.cpu_blocks_used,
+            offload.num_cpu_blocks if offload is not None else 0, replica.replica, running_after))
+        rec.emit_decode_chunks([r.idx for r in self.running], times[1:s + 1])
 
 
 def _finishes_at(r: Request, max_model_len: int) -> int:

@@ -23,7 +23,7 @@ from replay.engine.output_schema import (
     STEPS_SCHEMA,
 )
 from replay.engine.request import Request
-from replay.engine.row_runs import ChunkRuns, ColumnCutter, StepRuns, change_runs, sparse_runs
+from replay.engine.row_runs import ChunkRuns, ColumnCutter, StepRow, StepRuns, WindowRows
 from replay.engine.trace_input import TraceArrays
 
 _ROW_GROUP = 1 << 20
@@ -101,30 +101,19 @@ class Recorder:
         if runs.num_rows >= _ROW_GROUP:
             self._flush_chunks()
 
-    def record_step(self, values: tuple, replica: int = 0) -> None:
-        """One row of steps.parquet, in STEPS_SCHEMA column order."""
+    def record_step(self, row: StepRow, replica: int = 0) -> None:
+        """One row of steps.parquet: a step the scheduler built, on replica ``replica``."""
         runs = self._step_runs
-        runs.add_row(values, replica)
+        runs.add_row(row, replica)
         self.num_steps += 1
         if runs.num_rows >= _STEP_ROWS_BUFFERED:
             self._flush_steps()
 
-    def record_decode_window(self, first_step: int, starts: list[float], durations: list[float],
-                             num_running: int, num_waiting: int, free_changes: list[tuple[int, int]], usable: int,
-                             stored_at: list[tuple[int, int]] | None = None,
-                             cpu_changes: list[tuple[int, int]] | None = None, num_cpu_blocks: int = 0,
-                             replica: int = 0, last_running: int | None = None) -> None:
-        """Rows for a run of decode-only steps (engine/decode_window.py).
-        ``free_changes`` / ``cpu_changes``: (first step, free GPU / used CPU blocks) where the count
-        changed, from step 0; ``stored_at``: (step, bytes stored) of the steps that started stores;
-        ``last_running``: requests still running after the last step (it finished the others)."""
-        n = len(starts)
+    def record_decode_window(self, rows: WindowRows) -> None:
+        """Rows for a run of decode-only steps (engine/decode_window.py)."""
         runs = self._step_runs
-        runs.add_window(first_step, starts, durations, num_running, num_waiting, change_runs(free_changes, n),
-                        usable, sparse_runs(stored_at, n) if stored_at else [(0, n)],
-                        change_runs(cpu_changes, n) if cpu_changes is not None else None, num_cpu_blocks,
-                        replica, last_running)
-        self.num_steps += n
+        runs.add_window(rows)
+        self.num_steps += len(rows.starts)
         if runs.num_rows >= _STEP_ROWS_BUFFERED:
             self._flush_steps()
 

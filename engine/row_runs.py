@@ -27,21 +27,64 @@ from replay.engine.output_schema import STEPS_SCHEMA
 STEP: Final = 0
 START: Final = 1
 DURATION: Final = 2
+SCHEDULED_TOKENS: Final = 3
+PREFILL_TOKENS: Final = 4
+PREFILL_REQUESTS: Final = 5
+DECODE_REQUESTS: Final = 6
 RUNNING: Final = 7
+WAITING: Final = 8
+PREEMPTIONS: Final = 9
 KV_USAGE: Final = 10
 KV_BLOCKS_USED: Final = 11
+DRAFT_TOKENS: Final = 12
+ACCEPTED_TOKENS: Final = 13
 BYTES_STORED: Final = 14
+BYTES_LOADED: Final = 15
 CPU_BLOCKS_USED: Final = 16
 CPU_USAGE: Final = 17
-# Columns constant over a whole window (a row of record_step is a run of one): scheduled, prefill
-# tokens and requests, decode requests, waiting, preemptions, drafts, accepted, bytes loaded.
-_PER_SEGMENT: Final = (3, 4, 5, 6, 8, 9, 12, 13, 15)
-_ZERO_IN_WINDOW: Final = (4, 5, 9, 12, 13, 15)
+# Columns that are 0 in every step of a decode window: prefill tokens and requests, preemptions,
+# drafts, accepted, bytes loaded. With scheduled tokens, decode requests and waiting, they are
+# constant over a whole window (a row of record_step is a run of one).
+_ZERO_IN_WINDOW: Final = (PREFILL_TOKENS, PREFILL_REQUESTS, PREEMPTIONS, DRAFT_TOKENS, ACCEPTED_TOKENS, BYTES_LOADED)
 NUM_STEP_COLUMNS: Final = 18
 assert STEPS_SCHEMA.names == [
     "step", "start_ms", "duration_ms", "scheduled_tokens", "prefill_tokens", "prefill_requests", "decode_requests",
     "running", "waiting", "preemptions", "kv_usage", "kv_blocks_used", "draft_tokens", "accepted_tokens",
     "bytes_stored", "bytes_loaded", "cpu_blocks_used", "cpu_usage"], "row_runs' column positions are STEPS_SCHEMA's"
+
+
+class StepRow:
+    """One row of steps.parquet, a step the scheduler built; its fields are STEPS_SCHEMA's columns.
+
+    A named record rather than a tuple, so a column cannot silently shift (compiled: a native
+    class, its numbers unboxed, as cheap to build per step as the tuple was)."""
+
+    __slots__ = ("step", "start_ms", "duration_ms", "scheduled_tokens", "prefill_tokens", "prefill_requests",
+                 "decode_requests", "running", "waiting", "preemptions", "kv_usage", "kv_blocks_used",
+                 "draft_tokens", "accepted_tokens", "bytes_stored", "bytes_loaded", "cpu_blocks_used", "cpu_usage")
+
+    def __init__(self, step: int, start_ms: float, duration_ms: float, scheduled_tokens: int, prefill_tokens: int,
+                 prefill_requests: int, decode_requests: int, running: int, waiting: int, preemptions: int,
+                 kv_usage: float, kv_blocks_used: int, draft_tokens: int, accepted_tokens: int, bytes_stored: int,
+                 bytes_loaded: int, cpu_blocks_used: int, cpu_usage: float) -> None:
+        self.step = step
+        self.start_ms = start_ms
+        self.duration_ms = duration_ms
+        self.scheduled_tokens = scheduled_tokens
+        self.prefill_tokens = prefill_tokens
+        self.prefill_requests = prefill_requests
+        self.decode_requests = decode_requests
+        self.running = running  # requests running after the step
+        self.waiting = waiting
+        self.preemptions = preemptions
+        self.kv_usage = kv_usage  # 1.0 - free / usable GPU blocks
+        self.kv_blocks_used = kv_blocks_used
+        self.draft_tokens = draft_tokens
+        self.accepted_tokens = accepted_tokens
+        self.bytes_stored = bytes_stored  # G2 (CPU) tier traffic started by the step
+        self.bytes_loaded = bytes_loaded
+        self.cpu_blocks_used = cpu_blocks_used
+        self.cpu_usage = cpu_usage
 
 
 class StepRuns:
@@ -60,7 +103,7 @@ class StepRuns:
         self.durations: list[float] = []
         # One value list per column (empty for the step, start and duration columns).
         self.values: list[list] = [[] for _ in range(NUM_STEP_COLUMNS + 1)]
-        self.seg_counts: list[int] = []  # run lengths of the _PER_SEGMENT columns and the replica
+        self.seg_counts: list[int] = []  # run lengths of the columns constant over a window, and the replica
         self.running_counts: list[int] = []
         self.free_counts: list[int] = []  # kv_usage and kv_blocks_used
         self.stored_counts: list[int] = []
@@ -75,20 +118,27 @@ class StepRuns:
             firsts.append(first)
             counts.append(n)
 
-    def add_row(self, row: tuple, replica: int) -> None:
-        """One step as record_step gives it, in STEPS_SCHEMA column order."""
-        self._steps(row[STEP], 1)
-        self.starts.append(row[START])
-        self.durations.append(row[DURATION])
+    def add_row(self, row: StepRow, replica: int) -> None:
+        """One step the scheduler built (Recorder.record_step): a run of one in every column."""
+        self._steps(row.step, 1)
+        self.starts.append(row.start_ms)
+        self.durations.append(row.duration_ms)
         values = self.values
-        for j in _PER_SEGMENT:
-            values[j].append(row[j])
-        values[RUNNING].append(row[RUNNING])
-        values[KV_USAGE].append(row[KV_USAGE])
-        values[KV_BLOCKS_USED].append(row[KV_BLOCKS_USED])
-        values[BYTES_STORED].append(row[BYTES_STORED])
-        values[CPU_BLOCKS_USED].append(row[CPU_BLOCKS_USED])
-        values[CPU_USAGE].append(row[CPU_USAGE])
+        values[SCHEDULED_TOKENS].append(row.scheduled_tokens)
+        values[PREFILL_TOKENS].append(row.prefill_tokens)
+        values[PREFILL_REQUESTS].append(row.prefill_requests)
+        values[DECODE_REQUESTS].append(row.decode_requests)
+        values[RUNNING].append(row.running)
+        values[WAITING].append(row.waiting)
+        values[PREEMPTIONS].append(row.preemptions)
+        values[KV_USAGE].append(row.kv_usage)
+        values[KV_BLOCKS_USED].append(row.kv_blocks_used)
+        values[DRAFT_TOKENS].append(row.draft_tokens)
+        values[ACCEPTED_TOKENS].append(row.accepted_tokens)
+        values[BYTES_STORED].append(row.bytes_stored)
+        values[BYTES_LOADED].append(row.bytes_loaded)
+        values[CPU_BLOCKS_USED].append(row.cpu_blocks_used)
+        values[CPU_USAGE].append(row.cpu_usage)
         if self.replica_column:
             values[NUM_STEP_COLUMNS].append(replica)
         self.seg_counts.append(1)
@@ -98,28 +148,25 @@ class StepRuns:
         self.cpu_counts.append(1)
         self.num_rows += 1
 
-    def add_window(self, first_step: int, starts: list[float], durations: list[float], num_running: int,
-                   num_waiting: int, free_runs: list[tuple[int, int]], usable: int,
-                   stored_runs: list[tuple[int, int]], cpu_runs: list[tuple[int, int]] | None,
-                   num_cpu_blocks: int, replica: int, last_running: int | None) -> None:
-        """A decode window's rows (Recorder.record_decode_window); ``free_runs``, ``stored_runs`` and
-        ``cpu_runs`` are (value, number of steps) covering its ``len(starts)`` steps."""
-        n = len(starts)
-        self._steps(first_step, n)
-        self.starts.extend(starts)
-        self.durations.extend(durations)
+    def add_window(self, rows: WindowRows) -> None:
+        """A decode window's rows (Recorder.record_decode_window)."""
+        n = len(rows.starts)
+        self._steps(rows.first_step, n)
+        self.starts.extend(rows.starts)
+        self.durations.extend(rows.durations)
         values = self.values
         for j in _ZERO_IN_WINDOW:
             values[j].append(0)
-        values[3].append(num_running)  # scheduled tokens: one per running request
-        values[6].append(num_running)  # decode requests
-        values[8].append(num_waiting)
+        num_running = rows.num_running
+        values[SCHEDULED_TOKENS].append(num_running)  # one per running request
+        values[DECODE_REQUESTS].append(num_running)
+        values[WAITING].append(rows.num_waiting)
         if self.replica_column:
-            values[NUM_STEP_COLUMNS].append(replica)
+            values[NUM_STEP_COLUMNS].append(rows.replica)
         self.seg_counts.append(n)
         # Running: the last row counts the requests still running after its step (it may finish some).
         running = values[RUNNING]
-        last = num_running if last_running is None else last_running
+        last = rows.running_after
         if last == num_running or n == 1:
             running.append(last)
             self.running_counts.append(n)
@@ -131,26 +178,29 @@ class StepRuns:
         # KV usage is the same double as record_step's (1.0 - free / usable), rounded to the column's type.
         usage = values[KV_USAGE]
         used = values[KV_BLOCKS_USED]
-        counts = self.free_counts
-        for free, k in free_runs:
+        usable = rows.usable
+        free_runs = rows.free_blocks.held_runs(n)
+        for free in free_runs.values:
             usage.append(1.0 - free / usable)
             used.append(usable - free)
-            counts.append(k)
-        stored = values[BYTES_STORED]
-        for value, k in stored_runs:
-            stored.append(value)
-            self.stored_counts.append(k)
+        self.free_counts.extend(free_runs.counts)
+        stored_runs = rows.bytes_stored.sparse_runs(n)
+        values[BYTES_STORED].extend(stored_runs.values)
+        self.stored_counts.extend(stored_runs.counts)
         cpu_used = values[CPU_BLOCKS_USED]
         cpu_usage = values[CPU_USAGE]
-        if cpu_runs is None:
+        cpu_changes = rows.cpu_blocks_used
+        if cpu_changes is None:
             cpu_used.append(0)
             cpu_usage.append(0.0)
             self.cpu_counts.append(n)
         else:  # as record_step: CPU blocks used and their share of the CPU pool
-            for value, k in cpu_runs:
+            cpu_runs = cpu_changes.held_runs(n)
+            num_cpu_blocks = rows.num_cpu_blocks
+            for value in cpu_runs.values:
                 cpu_used.append(value)
                 cpu_usage.append(value / num_cpu_blocks)
-                self.cpu_counts.append(k)
+            self.cpu_counts.extend(cpu_runs.counts)
         self.num_rows += n
 
     def columns(self, dtypes: list[np.dtype]) -> list[np.ndarray]:
@@ -270,33 +320,92 @@ class ColumnCutter:
         return [c[:cut] for c in cols] if cut < n else cols
 
 
-def change_runs(changes: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
-    """(value, number of steps) of each run of ``n`` steps given as (first step, value) change points;
-    a change point at or past step n, or followed by another at the same step, covers no step."""
-    out: list[tuple[int, int]] = []
-    last = len(changes) - 1
-    for i, (step, value) in enumerate(changes):
-        end = changes[i + 1][0] if i < last else n
-        if end > n:
-            end = n
-        if end > step:
-            out.append((value, end - step))
-    return out
+class Runs:
+    """A column's values over a window's steps as runs: ``values[i]`` repeated ``counts[i]`` times."""
+
+    __slots__ = ("values", "counts")
+
+    def __init__(self) -> None:
+        self.values: list[int] = []
+        self.counts: list[int] = []
+
+    def add(self, value: int, count: int) -> None:
+        self.values.append(value)
+        self.counts.append(count)
 
 
-def sparse_runs(points: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
-    """(value, number of steps) covering steps 0..n-1 that are 0 except at ``points`` (step, value),
-    in step order and each below n."""
-    out: list[tuple[int, int]] = []
-    at = 0
-    for step, value in points:
-        if step < at:  # a second value for the same step: the later one stands
-            out[-1] = (value, 1)
-            continue
-        if step > at:
-            out.append((0, step - at))
-        out.append((value, 1))
-        at = step + 1
-    if n > at:
-        out.append((0, n - at))
-    return out
+class ChangePoints:
+    """A window's integer column given where it changes: ``values[i]`` from step ``steps[i]`` on
+    (steps increasing). Set step by step as the window's events happen; expanded per window."""
+
+    __slots__ = ("steps", "values")
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.values: list[int] = []
+
+    def set(self, step: int, value: int) -> None:
+        """The value from ``step`` on (a later value for the same step replaces the earlier one)."""
+        steps = self.steps
+        if steps and steps[-1] == step:
+            self.values[-1] = value
+        else:
+            steps.append(step)
+            self.values.append(value)
+
+    def held_runs(self, n: int) -> Runs:
+        """Steps 0..n-1, each value held until the next change point; a change point at or past
+        step n covers no step."""
+        out = Runs()
+        steps = self.steps
+        values = self.values
+        last = len(steps) - 1
+        for i in range(len(steps)):
+            step = steps[i]
+            end = steps[i + 1] if i < last else n
+            if end > n:
+                end = n
+            if end > step:
+                out.add(values[i], end - step)
+        return out
+
+    def sparse_runs(self, n: int) -> Runs:
+        """Steps 0..n-1, 0 except at the change points themselves (each below n)."""
+        out = Runs()
+        steps = self.steps
+        values = self.values
+        at = 0
+        for i in range(len(steps)):
+            step = steps[i]
+            if step > at:
+                out.add(0, step - at)
+            out.add(values[i], 1)
+            at = step + 1
+        if n > at:
+            out.add(0, n - at)
+        return out
+
+
+class WindowRows:
+    """A decode window's step rows as the window knows them (Recorder.record_decode_window): the
+    columns that differ between its steps are its start and duration lists and change points."""
+
+    __slots__ = ("first_step", "starts", "durations", "num_running", "num_waiting", "usable", "free_blocks",
+                 "bytes_stored", "cpu_blocks_used", "num_cpu_blocks", "replica", "running_after")
+
+    def __init__(self, first_step: int, starts: list[float], durations: list[float], num_running: int,
+                 num_waiting: int, usable: int, free_blocks: ChangePoints, bytes_stored: ChangePoints,
+                 cpu_blocks_used: ChangePoints | None, num_cpu_blocks: int, replica: int,
+                 running_after: int) -> None:
+        self.first_step = first_step  # step index of the first row
+        self.starts = starts
+        self.durations = durations
+        self.num_running = num_running  # decoding in every step
+        self.num_waiting = num_waiting
+        self.usable = usable  # usable GPU blocks (KV usage is 1 - free / usable)
+        self.free_blocks = free_blocks  # free GPU blocks after each step's allocations
+        self.bytes_stored = bytes_stored  # bytes the step started storing to the G2 tier (0 elsewhere)
+        self.cpu_blocks_used = cpu_blocks_used  # None: no G2 tier
+        self.num_cpu_blocks = num_cpu_blocks
+        self.replica = replica
+        self.running_after = running_after  # still running after the last step (it may finish some)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import functools
 import gc
-import hashlib
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,19 +16,17 @@ import pyarrow.parquet as pq
 
 from replay.base.atomic import atomic_dir, write_json_atomic
 from replay.base.errors import TraceError
-from replay.base.version import __version__
-from replay.engine.arrivals import plan_arrivals
+from replay.engine.arrivals import ArrivalPlan, plan_arrivals
 from replay.engine.config import EngineConfig
 from replay.engine.core import EngineCore
 from replay.engine.fleet import FleetLoop, ProgressFn
-from replay.engine.fleet_summary import fleet_summary
-from replay.engine.native import core_kind
 from replay.engine.output_schema import RUN_FILE
 from replay.engine.recorder import Recorder
-from replay.engine.routers import RouterContext, build_router
+from replay.engine.routers import Router, RouterContext, build_router
+from replay.engine.run_info import ReplayFacts, build_run_info, trace_fingerprint
+from replay.engine.run_setup import EngineSetup, resolve_setup
 from replay.engine.scheduler import Scheduler, kv_cache_manager_for, scheduler_limits_for
 from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
-from replay.engine.timing.base import StepTimer
 from replay.engine.trace_input import TraceArrays, trace_arrays
 from replay.ingest.schema import TraceMetadata
 
@@ -37,40 +34,9 @@ _MAX_LISTED = 10
 
 
 @dataclass
-class EngineSetup:
-    """Everything derived from the config before the run: capacity, limits, timer."""
-
-    num_gpu_blocks: int
-    capacity_source: str
-    max_model_len: int
-    timer: StepTimer
-    kv_bytes_per_token: int
-    uncalibrated: list[str] = field(default_factory=list)
-    capacity_detail: dict = field(default_factory=dict)
-
-
-def resolve_setup(config: EngineConfig) -> EngineSetup:
-    """Model, KV capacity and step timer for a config (errors name the config key)."""
-    from replay.engine.kv_capacity import resolve_num_gpu_blocks
-    from replay.engine.models import get_model
-    from replay.engine.timing import build_timer
-
-    model = get_model(config.model)
-    cap = resolve_num_gpu_blocks(config)
-    timer = build_timer(config)
-    max_model_len = config.max_model_len or int(model.max_position_embeddings)
-    # The per-step host overhead is a guess (docs/timing.md) unless the user set it or fitted it.
-    user_set = config.timing.host_overhead_ms is not None or config.timing.profile is not None
-    uncal = [] if user_set else ["host_overhead_ms"]
-    detail = {k: v for k, v in asdict(cap).items() if k not in ("num_gpu_blocks", "source") and v is not None}
-    return EngineSetup(num_gpu_blocks=int(cap.num_gpu_blocks), capacity_source=str(cap.source),
-                       max_model_len=max_model_len, timer=timer,
-                       kv_bytes_per_token=int(config.kv_bytes_per_token()), uncalibrated=uncal,
-                       capacity_detail=detail)
-
-
-@dataclass
 class RunSummary:
+    """What replay_trace gives back: where the outputs are, and run.json's content."""
+
     outdir: Path
     run_info: dict
 
@@ -111,25 +77,6 @@ def find_unreplayable(trace: TraceArrays, selected: np.ndarray, config: EngineCo
     return rejected
 
 
-def _fingerprint(table: pa.Table) -> str:
-    """Content hash of the canonical columns: equal fingerprints mean the same trace."""
-    h = hashlib.sha256()
-
-    class _HashSink:  # IPC bytes go straight into the hash: no copy of the trace in memory
-        closed = False
-
-        def write(self, data) -> int:
-            h.update(data)
-            return len(data)
-
-        def flush(self) -> None:
-            pass
-
-    with pa.ipc.new_stream(pa.PythonFile(_HashSink(), mode="w"), table.schema.remove_metadata()) as writer:
-        writer.write_table(table.combine_chunks())
-    return h.hexdigest()
-
-
 # Young-generation threshold while a replay runs (CPython's default is 700). The engine allocates
 # millions of short-lived objects, but few survive and almost none form cycles: with collection
 # off for a whole replay, gc.collect() afterwards found 1.2k-3k unreachable objects (reuse-20k-8rps,
@@ -166,6 +113,95 @@ def _with_engine_gc(fn: Callable) -> Callable:
     return wrapper
 
 
+@dataclass(frozen=True)
+class ReplayedRequests:
+    """Which trace rows a replay takes (the first ``load.max_requests``), and which of them it
+    rejects up front because they could never complete."""
+
+    selected: np.ndarray  # trace row indices, in trace order
+    rejected: dict[int, str]  # trace row -> why
+
+
+def select_requests(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, *, on_error: str,
+                    trace_path: str | Path | None) -> ReplayedRequests:
+    """The rows to replay; unless ``on_error == "skip"``, a request that can never complete is an
+    error naming the first few (a replay would otherwise report it unfinished, hiding the cause)."""
+    where = str(trace_path) if trace_path else None
+    n = len(trace)
+    if n == 0:
+        raise TraceError("the trace has no rows", path=where)
+    limit = config.load.max_requests
+    selected = np.arange(min(n, limit) if limit else n, dtype=np.int64)
+    rejected = find_unreplayable(trace, selected, config, setup)
+    if rejected and on_error != "skip":
+        ids = [f"{trace.request_id[i]} ({why})" for i, why in list(rejected.items())[:_MAX_LISTED]]
+        more = f" and {len(rejected) - _MAX_LISTED} more" if len(rejected) > _MAX_LISTED else ""
+        raise TraceError(
+            f"{len(rejected)} request(s) can never be replayed with this config: " + "; ".join(ids) + more
+            + ". Raise max_model_len or the KV capacity, or pass --on-error skip to mark them rejected.",
+            path=where)
+    return ReplayedRequests(selected=selected, rejected=rejected)
+
+
+@dataclass(frozen=True)
+class FleetParts:
+    """The replicas' schedulers, the arrival plan and the router: everything a replay's fleet
+    needs before its output directory (and so its recorder) exists."""
+
+    schedulers: list[Scheduler]
+    plan: ArrivalPlan
+    router: Router | None  # None for a single replica
+
+
+def build_fleet_parts(trace: TraceArrays, config: EngineConfig, setup: EngineSetup,
+                      selected: np.ndarray) -> FleetParts:
+    """One scheduler per replica (sharing the MTP acceptance sampler), the arrivals, the router."""
+    sampler = None
+    if config.speculative is not None:
+        sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
+    fleet = config.fleet
+    num_replicas = fleet.replicas if fleet is not None else 1
+    schedulers = [_build_scheduler(config, setup, sampler) for _ in range(num_replicas)]
+    plan = plan_arrivals(trace, config.load, config.seed, selected)
+    router = None
+    if fleet is not None and num_replicas > 1:
+        ctx = RouterContext(num_replicas=num_replicas, block_size=config.kv_cache.block_size,
+                            num_gpu_blocks=setup.num_gpu_blocks, seed=config.seed, trace=trace)
+        router = build_router(fleet.router, fleet.router_options, ctx)
+    return FleetParts(schedulers=schedulers, plan=plan, router=router)
+
+
+def run_fleet(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, parts: FleetParts,
+              requests: ReplayedRequests, recorder: Recorder, *, progress: ProgressFn | None,
+              fast_forward: bool, check_invariants: bool) -> FleetLoop:
+    """Simulate the whole replay into ``recorder`` (closed on success, aborted on any error);
+    returns the finished loop, whose replicas hold the end state run.json reports."""
+    cores = [EngineCore(i, sched, setup.timer, recorder, fast_forward=fast_forward,
+                        check_invariants=check_invariants) for i, sched in enumerate(parts.schedulers)]
+    fleet = config.fleet
+    loop = FleetLoop(trace, parts.plan, cores, parts.router, recorder, block_size=config.kv_cache.block_size,
+                     hash_lookahead=parts.schedulers[0].kv.hash_lookahead, rejected=requests.rejected,
+                     router_latency_ms=fleet.router_latency_ms if fleet else 0.0, progress=progress)
+    try:
+        loop.run()
+    except BaseException:
+        recorder.abort()
+        raise
+    recorder.close()
+    return loop
+
+
+def store_trace(table: pa.Table, meta: TraceMetadata, trace_path: str | Path | None, outdir: str | Path,
+                tmp: Path) -> Path:
+    """Where run.json points for the replayed trace: a canonical Parquet input stays where it is;
+    any other input is written (canonical, with its metadata) into the output directory."""
+    if trace_path is not None and Path(trace_path).suffix == ".parquet" and meta is not None:
+        return Path(trace_path).resolve()
+    metadata = {**(table.schema.metadata or {}), **meta.to_parquet_metadata()}
+    pq.write_table(table.replace_schema_metadata(metadata), tmp / "trace.parquet", compression="zstd")
+    return Path(outdir).resolve() / "trace.parquet"
+
+
 @_with_engine_gc
 def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, outdir: str | Path, *,
                  trace_path: str | Path | None = None, config_source: str | None = None,
@@ -180,117 +216,20 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
     wall_start = time.perf_counter()
     setup = setup or resolve_setup(config)
     trace = trace_arrays(table, meta.hash_block_size)
-    n = len(trace)
-    if n == 0:
-        raise TraceError("the trace has no rows", path=str(trace_path) if trace_path else None)
-    limit = config.load.max_requests
-    selected = np.arange(min(n, limit) if limit else n, dtype=np.int64)
-    rejected = find_unreplayable(trace, selected, config, setup)
-    if rejected and on_error != "skip":
-        ids = [f"{trace.request_id[i]} ({why})" for i, why in list(rejected.items())[:_MAX_LISTED]]
-        more = f" and {len(rejected) - _MAX_LISTED} more" if len(rejected) > _MAX_LISTED else ""
-        raise TraceError(
-            f"{len(rejected)} request(s) can never be replayed with this config: " + "; ".join(ids) + more
-            + ". Raise max_model_len or the KV capacity, or pass --on-error skip to mark them rejected.",
-            path=str(trace_path) if trace_path else None)
-
-    bs = config.kv_cache.block_size
-    sampler = None
-    if config.speculative is not None:
-        sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
-    fleet = config.fleet
-    num_replicas = fleet.replicas if fleet is not None else 1
-    schedulers = [_build_scheduler(config, setup, sampler) for _ in range(num_replicas)]
-    lookahead_hash = schedulers[0].kv.hash_lookahead
-    plan = plan_arrivals(trace, config.load, config.seed, selected)
-    router = None
-    if num_replicas > 1:
-        ctx = RouterContext(num_replicas=num_replicas, block_size=bs, num_gpu_blocks=setup.num_gpu_blocks,
-                            seed=config.seed, trace=trace)
-        router = build_router(fleet.router, fleet.router_options, ctx)
-
+    requests = select_requests(trace, config, setup, on_error=on_error, trace_path=trace_path)
+    parts = build_fleet_parts(trace, config, setup, requests.selected)
     with atomic_dir(outdir, overwrite=overwrite, inputs=[trace_path]) as tmp:
-        recorder = Recorder(trace, tmp, replica_column=num_replicas > 1)
-        cores = [EngineCore(i, sched, setup.timer, recorder, fast_forward=fast_forward,
-                            check_invariants=check_invariants) for i, sched in enumerate(schedulers)]
-        loop = FleetLoop(trace, plan, cores, router, recorder, block_size=bs, hash_lookahead=lookahead_hash,
-                         rejected=rejected, router_latency_ms=fleet.router_latency_ms if fleet else 0.0,
-                         progress=progress)
-        try:
-            loop.run()
-        except BaseException:
-            recorder.abort()
-            raise
-        recorder.close()
-        if trace_path is not None and Path(trace_path).suffix == ".parquet" and meta is not None:
-            stored_trace = Path(trace_path).resolve()
-            final_trace = stored_trace
-        else:
-            pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                                          **meta.to_parquet_metadata()}),
-                           tmp / "trace.parquet", compression="zstd")
-            final_trace = Path(outdir).resolve() / "trace.parquet"
-        status = recorder.status[selected]
-        totals = {
-            "requests": int(len(selected)),
-            "finished": int((status == 0).sum()),
-            "rejected": int((status == 1).sum()),
-            "unfinished": int((status == 2).sum()),
-            "input_tokens": int(trace.input_tokens[selected].sum()),
-            "output_tokens": int(recorder.output_tokens[selected][status != 1].sum()),  # generated only
-            "prefix_query_tokens": sum(c.sched.prefix_query_tokens for c in cores),
-            "prefix_hit_tokens": sum(c.sched.prefix_hit_tokens for c in cores),
-            "cpu_hit_tokens": sum(c.sched.cpu_hit_tokens for c in cores),
-            "preemptions": sum(c.sched.total_preemptions for c in cores),
-            "steps": recorder.num_steps,
-            "chunks": recorder.num_chunks,
-            "gpu_block_evictions": sum(c.kv_pool.num_evictions for c in cores),
-        }
-        if config.host_offload is not None:
-            for key in cores[0].offload.totals():
-                values = [c.offload.totals()[key] for c in cores]
-                totals[key] = values[0] if key == "num_cpu_blocks" else sum(values)
-        warnings = []
-        if rejected:
-            warnings.append(f"{len(rejected)} request(s) rejected before the run (see reject_reason)")
-        if totals["unfinished"]:
-            warnings.append(f"{totals['unfinished']} request(s) did not finish")
-        if trace.rechained:
-            warnings.append("the trace's hash ids are not chained (an id follows different prefixes, or repeats "
-                            "in a row): the replay chained them, so a block is shared only after the same prefix, "
-                            "as with vLLM's block hashes")
-        info = {
-            "tool_version": __version__,
-            "config": config.model_dump(mode="json"),
-            "config_source": config_source or "defaults",
-            "trace": {
-                "path": str(final_trace),
-                "fingerprint": _fingerprint(table),
-                "rows": n,
-                "replayed_rows": int(len(selected)),
-                "metadata": meta.model_dump(mode="json"),
-            },
-            "seed": config.seed,
-            "num_gpu_blocks": setup.num_gpu_blocks,
-            "kv_capacity": {"source": setup.capacity_source, "num_gpu_blocks": setup.num_gpu_blocks,
-                            "tokens": (setup.num_gpu_blocks - 1) * bs, **setup.capacity_detail},
-            "kv_bytes_per_token": setup.kv_bytes_per_token,
-            "max_model_len": setup.max_model_len,
-            "simulated_span_ms": loop.now,
-            "wall_time_s": round(time.perf_counter() - wall_start, 3),
-            "engine_core": core_kind(),  # compiled (mypyc) or python: same outputs, not the same speed
-            # calls of Scheduler.schedule (an idle or preempting call builds no step); the other steps
-            # were fast-forwarded in decode windows (engine/decode_window.py). A speed diagnostic,
-            # not a result: it differs with fast_forward, the totals do not.
-            "schedule_calls": sum(c.schedule_calls for c in cores),
-            "totals": totals,
-            "warnings": warnings,
-            "timing": {"backend": config.timing.backend, "uncalibrated": setup.uncalibrated},
-            "session_delay_rule": plan.delay_rule,
-            "prefix_hit_rate": (totals["prefix_hit_tokens"] / totals["prefix_query_tokens"]
-                                if totals["prefix_query_tokens"] else None),
-        }
-        if fleet is not None:
-            info["fleet"] = fleet_summary(cores, recorder, selected, loop.now)
+        recorder = Recorder(trace, tmp, replica_column=len(parts.schedulers) > 1)
+        loop = run_fleet(trace, config, setup, parts, requests, recorder, progress=progress,
+                         fast_forward=fast_forward, check_invariants=check_invariants)
+        trace_file = store_trace(table, meta, trace_path, outdir, tmp)
+        fingerprint = trace_fingerprint(table)
+        wall_time_s = round(time.perf_counter() - wall_start, 3)
+        facts = ReplayFacts(config=config, config_source=config_source, setup=setup, fingerprint=fingerprint,
+                            meta=meta, trace=trace, trace_file=trace_file, selected=requests.selected,
+                            rejected=requests.rejected, cores=loop.cores, recorder=recorder,
+                            simulated_span_ms=loop.now, wall_time_s=wall_time_s,
+                            session_delay_rule=parts.plan.delay_rule)
+        info = build_run_info(facts)
         write_json_atomic(tmp / RUN_FILE, info)
     return RunSummary(outdir=Path(outdir), run_info=info)

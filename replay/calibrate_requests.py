@@ -26,7 +26,8 @@ import pyarrow.parquet as pq
 
 from replay.base.errors import ConfigError, ReplayError
 from replay.engine.config import EngineConfig
-from replay.engine.run import replay_trace, resolve_setup
+from replay.engine.run import replay_trace
+from replay.engine.run_setup import resolve_setup
 from replay.engine.timing import RooflineParams, RooflineTimer, resolve_drafter
 from replay.ingest.schema import TraceMetadata, read_trace
 

@@ -94,12 +94,13 @@ def _check_columns(path: Path, schema) -> list[str]:
 
 
 def _trace_fingerprint(path: Path) -> str:
-    """The content fingerprint ``replay run`` records (engine.run._fingerprint over the canonical table)."""
-    from replay.engine.run import _fingerprint
+    """The content fingerprint ``replay run`` records (engine.run_info.trace_fingerprint of the canonical
+    table)."""
+    from replay.engine.run_info import trace_fingerprint
     from replay.ingest.schema import read_trace
 
     table, _ = read_trace(path)
-    fingerprint = _fingerprint(table)
+    fingerprint = trace_fingerprint(table)
     del table
     # The trace and its combined copy are freed, but Arrow's allocator keeps the pages (about 300 MB
     # at 1 M rows) for reuse unless told: hand them back before the report's queries start.

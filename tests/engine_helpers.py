@@ -7,7 +7,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from replay.engine.config import EngineConfig
-from replay.engine.run import EngineSetup, replay_trace
+from replay.engine.run import replay_trace
+from replay.engine.run_setup import EngineSetup
 from replay.engine.timing.base import StepBreakdown, StepShape
 from replay.ingest.schema import TRACE_SCHEMA, TraceMetadata
 

@@ -188,11 +188,11 @@ def _config_dump(spec: RunSpec) -> dict:
 
 
 def _trace_fingerprint(path: Path) -> str:
-    """What `replay run` records: the content fingerprint of the canonical table (engine.run)."""
-    from replay.engine.run import _fingerprint
+    """What `replay run` records: the content fingerprint of the canonical table (engine.run_info)."""
+    from replay.engine.run_info import trace_fingerprint
     from replay.ingest.schema import read_trace
 
-    return _fingerprint(read_trace(path)[0])
+    return trace_fingerprint(read_trace(path)[0])
 
 
 def write_run(outdir: Path, trace_path: Path, spec: RunSpec = RunSpec()) -> Path:

@@ -43,7 +43,8 @@ def run(
             raise typer.BadParameter("--on-error takes fail or skip")
         check_output_dir(outdir, overwrite=overwrite, inputs=[trace, config])  # fail before the long part
         cfg, source = resolve_config(config, set_)
-        from replay.engine.run import replay_trace, resolve_setup
+        from replay.engine.run import replay_trace
+        from replay.engine.run_setup import resolve_setup
 
         setup = resolve_setup(cfg)  # first: a timer may go on loading its tables while the trace loads
         options = {k: v for k, v in (("format", trace_format), ("block_size", block_size)) if v is not None}

@@ -76,7 +76,7 @@ class SweepOptions:
 
 
 def _fingerprint(table) -> str:
-    from replay.engine.run import _fingerprint as trace_fingerprint  # the fingerprint run.json records
+    from replay.engine.run_info import trace_fingerprint  # the fingerprint run.json records
 
     return trace_fingerprint(table)
 

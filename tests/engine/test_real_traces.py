@@ -45,7 +45,7 @@ def test_infinite_cache_hit_rate_matches_token_prefix_hit(tmp_path, mooncake_tra
 ])
 def test_fast_forward_is_byte_identical_on_real_traffic(tmp_path, mooncake_trace, rows, overrides):
     from replay.engine.config import load_config
-    from replay.engine.run import resolve_setup
+    from replay.engine.run_setup import resolve_setup
 
     table, meta = load_trace(mooncake_trace)
     table = table.slice(0, rows)
@@ -78,7 +78,7 @@ def test_run_store_and_private_blocks_change_nothing(tmp_path, mooncake_trace, m
     from replay.engine.cpu_store import KeyLRUStore
     from replay.engine.kv_cache_manager import KVCacheManager
     from replay.engine.offload import OffloadManager
-    from replay.engine.run import resolve_setup
+    from replay.engine.run_setup import resolve_setup
     from tests.reference_block_pool import PerBlockPool
 
     table, meta = load_trace(mooncake_trace)

@@ -13,19 +13,36 @@ import pytest
 import replay.engine.recorder as recorder_module
 from replay.engine.output_schema import STEPS_SCHEMA
 from replay.engine.recorder import Recorder
-from replay.engine.row_runs import ChunkRuns, ColumnCutter, StepRuns, sparse_runs
+from replay.engine.row_runs import ChangePoints, ChunkRuns, ColumnCutter, StepRow, StepRuns, WindowRows
 from replay.engine.trace_input import trace_arrays
 from tests.engine_helpers import make_trace
 
 DTYPES = [np.dtype(f.type.to_pandas_dtype()) for f in STEPS_SCHEMA]
 
 
-def _row(step: int, start: float, **kw) -> tuple:
+def _row(step: int, start: float, **kw) -> StepRow:
     """A record_step row: every column 0 unless given (by STEPS_SCHEMA name)."""
     values: dict = {f.name: 0 for f in STEPS_SCHEMA}
     values.update(step=step, start_ms=start, duration_ms=1.5, kv_usage=0.0, cpu_usage=0.0)
     values.update(kw)
-    return tuple(values[f.name] for f in STEPS_SCHEMA)
+    return StepRow(**values)
+
+
+def _points(*pairs: tuple[int, int]) -> ChangePoints:
+    """Change points set in order: (step, value) each."""
+    points = ChangePoints()
+    for step, value in pairs:
+        points.set(step, value)
+    return points
+
+
+def _window(first_step: int, starts: list[float], num_running: int, num_waiting: int, free: ChangePoints,
+            usable: int, stored: ChangePoints | None = None, cpu: ChangePoints | None = None,
+            num_cpu_blocks: int = 0, replica: int = 0, running_after: int | None = None) -> WindowRows:
+    """A window's rows, each step lasting 1.5 ms unless its starts say otherwise."""
+    return WindowRows(first_step, starts, [1.5] * len(starts), num_running, num_waiting, usable, free,
+                      stored if stored is not None else ChangePoints(), cpu, num_cpu_blocks, replica,
+                      num_running if running_after is None else running_after)
 
 
 def test_steps_expand_rows_and_windows_in_order() -> None:
@@ -34,8 +51,8 @@ def test_steps_expand_rows_and_windows_in_order() -> None:
                       running=3, waiting=4, kv_usage=1.0 - 90 / 99, kv_blocks_used=9, bytes_loaded=7), 0)
     # 4 decode steps of 3 requests: an allocation at step 2 (free 90 -> 89), stores at step 1, a
     # finish at the last step (2 still running), CPU use 5 then 6 from step 3.
-    runs.add_window(1, [1.5, 3.0, 4.5, 6.0], [1.5, 1.5, 1.5, 1.5], 3, 0, [(90, 2), (89, 2)], 99,
-                    sparse_runs([(1, 4096)], 4), [(5, 3), (6, 1)], 10, 0, 2)
+    runs.add_window(_window(1, [1.5, 3.0, 4.5, 6.0], 3, 0, _points((0, 90), (2, 89)), 99, _points((1, 4096)),
+                            _points((0, 5), (3, 6)), 10, 0, 2))
     runs.add_row(_row(5, 7.5, running=2, kv_usage=1.0 - 95 / 99, kv_blocks_used=4), 0)
     assert runs.num_rows == 6
     cols = dict(zip(STEPS_SCHEMA.names, runs.columns(DTYPES)))
@@ -60,9 +77,11 @@ def test_steps_expand_rows_and_windows_in_order() -> None:
 
 def test_window_running_column_edge_cases() -> None:
     runs = StepRuns(replica_column=True)
-    runs.add_window(0, [0.0], [1.0], 4, 0, [(10, 1)], 20, [(0, 1)], None, 0, 7, 1)  # one step, 3 finish
-    runs.add_window(1, [1.0, 2.0], [1.0, 1.0], 1, 2, [(10, 2)], 20, [(0, 2)], None, 0, 7, None)
-    runs.add_window(9, [3.0, 4.0], [1.0, 1.0], 5, 0, [(10, 2)], 20, [(0, 2)], None, 0, 3, 5)  # nobody finishes
+    # one step, 3 finish
+    runs.add_window(_window(0, [0.0], 4, 0, _points((0, 10)), 20, replica=7, running_after=1))
+    runs.add_window(_window(1, [1.0, 2.0], 1, 2, _points((0, 10)), 20, replica=7))
+    # nobody finishes
+    runs.add_window(_window(9, [3.0, 4.0], 5, 0, _points((0, 10)), 20, replica=3, running_after=5))
     cols = dict(zip([*STEPS_SCHEMA.names, "replica"], runs.columns([*DTYPES, np.dtype(np.int32)])))
     assert cols["running"].tolist() == [1, 1, 1, 5, 5]
     assert cols["waiting"].tolist() == [0, 2, 2, 0, 0]
@@ -70,11 +89,22 @@ def test_window_running_column_edge_cases() -> None:
     assert cols["replica"].tolist() == [7, 7, 7, 3, 3]
 
 
+def _runs(points: ChangePoints, n: int, sparse: bool) -> list[tuple[int, int]]:
+    runs = points.sparse_runs(n) if sparse else points.held_runs(n)
+    return list(zip(runs.values, runs.counts))
+
+
 def test_sparse_runs() -> None:
-    assert sparse_runs([], 3) == [(0, 3)]
-    assert sparse_runs([(0, 5)], 1) == [(5, 1)]
-    assert sparse_runs([(0, 5), (3, 6)], 5) == [(5, 1), (0, 2), (6, 1), (0, 1)]
-    assert sparse_runs([(2, 5), (2, 8)], 3) == [(0, 2), (8, 1)]  # the later value for a step stands
+    assert _runs(_points(), 3, True) == [(0, 3)]
+    assert _runs(_points((0, 5)), 1, True) == [(5, 1)]
+    assert _runs(_points((0, 5), (3, 6)), 5, True) == [(5, 1), (0, 2), (6, 1), (0, 1)]
+    assert _runs(_points((2, 5), (2, 8)), 3, True) == [(0, 2), (8, 1)]  # the later value for a step stands
+
+
+def test_held_runs() -> None:
+    assert _runs(_points((0, 5)), 3, False) == [(5, 3)]
+    assert _runs(_points((0, 5), (0, 7), (2, 8)), 4, False) == [(7, 2), (8, 2)]  # the later value stands
+    assert _runs(_points((0, 5), (3, 6)), 3, False) == [(5, 3)]  # a change at or past n covers no step
 
 
 def test_chunks_expand_steps_and_windows() -> None:
@@ -124,7 +154,7 @@ def test_recorder_row_groups_never_depend_on_batching(tmp_path, monkeypatch, emi
         reqs = [w % 3, (w + 1) % 3]
         rec.emit_decode_chunks(reqs, ends)
         expected_chunks += [(r, e) for e in ends for r in reqs]
-        rec.record_decode_window(step, [e - 1.0 for e in ends], [1.0] * emission, 2, 0, [(0, 50)], 99)
+        rec.record_decode_window(_window(step, [e - 1.0 for e in ends], 2, 0, _points((0, 50)), 99))
         step += emission
         rec.emit_chunks([2], ends[-1] + 0.5, [])
         expected_chunks.append((2, ends[-1] + 0.5))
