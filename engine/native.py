@@ -22,6 +22,8 @@ from pathlib import Path
 NATIVE_MODULES = (
     "replay.engine.request",
     "replay.engine.block_keys",
+    "replay.engine.free_block_queue",
+    "replay.engine.block_hash_map",
     "replay.engine.block_pool",
     "replay.engine.kv_cache_manager",
     "replay.engine.scheduler",

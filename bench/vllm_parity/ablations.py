@@ -20,9 +20,9 @@ from bench.vllm_parity.workloads import Workload
 
 def _old_free_order() -> None:
     """Rule 1 undone: freed blocks without a hash join the tail like cached ones."""
-    from replay.engine.block_pool import BlockPool
+    from replay.engine.free_block_queue import FreeKVCacheBlockQueue
 
-    BlockPool._prepend_uncached = lambda self, n: self._append_run(n, False)
+    FreeKVCacheBlockQueue.prepend_uncached = lambda self, n: self.append_anonymous(n, False)
 
 
 def _no_admission_lookahead() -> None:

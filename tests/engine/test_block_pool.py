@@ -15,6 +15,7 @@ import pytest
 
 from replay.engine.block_keys import BlockKeys
 from replay.engine.block_pool import BlockPool
+from replay.engine.free_block_queue import AnonymousRun
 from tests.reference_block_pool import PerBlockPool
 
 
@@ -129,7 +130,8 @@ def test_anonymous_runs_match_per_block_pool(seed, style):
         assert a.num_evictions == b.num_evictions
         assert dict(a.cached_items()).keys() == dict(b.cached_items()).keys()
         assert a.num_cached_keys() == b.num_cached_keys()
-        assert {k: len(v) for k, v in a.dups.items()} == {k: len(v) for k, v in b.dups.items()}
+        further = a.cached_block_hash_to_block.further_copies
+        assert {k: len(v) for k, v in further.items()} == {k: len(v) for k, v in b.dups.items()}
         holders: dict[int, int] = {}
         in_use: dict[int, int | None] = {}
         for pair in active:
@@ -142,12 +144,19 @@ def test_anonymous_runs_match_per_block_pool(seed, style):
     assert pools[0].num_evictions > 0
 
 
+def _anonymous_runs(pool: BlockPool) -> list[tuple[int, bool]]:
+    """The free queue as (count, counts_as_eviction), when every run is anonymous."""
+    runs = list(pool.free_block_queue.runs.values())
+    assert all(isinstance(run, AnonymousRun) for run in runs)
+    return [(run.count, run.counts_as_eviction) for run in runs]
+
+
 def test_a_never_shared_prompt_is_two_queue_entries():
     pool = BlockPool(10_001)
     blocks = pool.get_new_blocks(7_500)
     pool.free_blocks(blocks[::-1], [], 1, 7_499)  # one never-full block, the rest private
     # The never-full block joins the untouched (uncached) initial run; the private blocks are one run.
-    assert list(pool.free_queue.values()) == [[2_501, False], [7_499, True]]
+    assert _anonymous_runs(pool) == [(2_501, False), (7_499, True)]
     pool.get_new_blocks(9_000)
     assert pool.num_evictions == 9_000 - 2_501  # private blocks count as evicted, uncached ones not
     assert pool.num_free == 1_000
@@ -185,13 +194,13 @@ def test_a_run_whose_blocks_are_all_hit_leaves_the_free_queue():
     blocks = pool.get_new_blocks(4)
     pool.cache_full_blocks(blocks, run)
     pool.free_blocks(blocks[::-1], [run[0][::-1]], 0, 0)
-    assert len(pool.free_queue) == 2 and pool.num_free == 10
+    assert len(pool.free_block_queue.runs) == 2 and pool.num_free == 10
     first_three = pool.cached_prefix([run[0][:3]])
     pool.touch(first_three, [run[0][:3]])
-    assert len(pool.free_queue) == 2 and pool.num_free == 7  # the run still holds its last block
+    assert len(pool.free_block_queue.runs) == 2 and pool.num_free == 7  # the run still holds its last block
     last = pool.cached_prefix(run)[3:]
     pool.touch(last, [run[0][3:4]])
-    assert list(pool.free_queue.values()) == [[6, False]] and pool.num_free == 6
+    assert _anonymous_runs(pool) == [(6, False)] and pool.num_free == 6
     fresh = pool.get_new_blocks(6)
     assert pool.num_evictions == 0 and pool.cached_prefix(run) == blocks
     in_use = {b: k for b, k in zip(blocks, run[0])} | {b: None for b in fresh}

@@ -55,9 +55,9 @@ def test_fixtures_exercise_what_they_claim():
 
 def test_the_comparison_catches_the_old_free_queue_rule(monkeypatch, tmp_path):
     """Before vLLM 0.33, freed blocks without a hash joined the tail: that must show as a difference."""
-    from replay.engine.block_pool import BlockPool
+    from replay.engine.free_block_queue import FreeKVCacheBlockQueue
 
-    monkeypatch.setattr(BlockPool, "_prepend_uncached", lambda self, n: self._append_run(n, False))
+    monkeypatch.setattr(FreeKVCacheBlockQueue, "prepend_uncached", lambda self, n: self.append_anonymous(n, False))
     w, _, vllm_tables = _load(FIXTURES / "small-r6000-100.json.gz")
     c = compare(vllm_tables, run_replay(w, read_rows(w), tmp_path))
     assert not c.identical

@@ -1,0 +1,110 @@
+"""The prefix-cache map (engine/block_hash_map.py) on its own: 4-token blocks, hand-checked slots.
+
+A trace-named key is trace id * _ID_STRIDE + offset (engine/block_keys.py); with 4-token blocks the
+key at offset o of trace id g lives in table g * 4 + o % 4, slot o // 4.
+"""
+
+from __future__ import annotations
+
+from replay.engine.block_hash_map import BlockHashToBlockMap, count_equal
+from replay.engine.block_keys import _ID_STRIDE
+
+
+def _key(trace_id: int, offset: int) -> int:
+    return trace_id * _ID_STRIDE + offset
+
+
+def _run(trace_id: int, first: int, last: int) -> range:
+    """Keys of trace id at offsets first, first + 4, ..., last (one BlockKeys.key_runs run)."""
+    return range(_key(trace_id, first), _key(trace_id, last) + 1, 4)
+
+
+def test_count_equal():
+    assert count_equal([0, 3, 0, 3, 3], 1, 5, 3) == 3
+    assert count_equal([0, 3, 0, 3, 3], 0, 3, 0) == 2
+    assert count_equal([1], 1, 1, 1) == 0
+
+
+def test_a_key_has_one_slot():
+    hash_map = BlockHashToBlockMap(4)
+    assert hash_map.slot_of(_key(3, 8)) == (12, 2)
+    assert hash_map.slot_of(_key(3, 4)) == (12, 1)
+    assert hash_map.slot_of(_key(3, 9)) == (13, 2)
+    assert hash_map.slot_of(_key(0, 1)) == (1, 0)
+
+
+def test_insert_and_look_up():
+    hash_map = BlockHashToBlockMap(4)
+    assert hash_map.insert(_key(3, 8), 7)
+    table = hash_map.tables[12]
+    assert (table.blocks, table.ref_counts, table.free_run_ids, table.num_filled) == ([0, 0, 7], [0, 0, 1], [0, 0, 0], 1)
+    assert hash_map.get_one_block(_key(3, 8)) == 7
+    assert hash_map.get_one_block(_key(3, 4)) is None  # an empty slot
+    assert hash_map.get_one_block(_key(3, 12)) is None  # past the table
+    assert hash_map.get_one_block(_key(4, 8)) is None  # no table
+    assert not hash_map.insert(_key(3, 8), 9)  # mapped already: 9 would be a further copy
+    assert hash_map.insert(-5, 11) and not hash_map.insert(-5, 12)  # a key unique to a request
+    assert hash_map.get_one_block(-5) == 11 and hash_map.unique == {-5: 11}
+    assert hash_map.num_keys() == 2
+    assert sorted(hash_map.items()) == [(-5, 11), (_key(3, 8), 7)]
+
+
+def test_a_trace_block_run_is_one_slice_and_a_second_computation_makes_further_copies():
+    hash_map = BlockHashToBlockMap(4)
+    run = _run(2, 4, 20)  # 5 keys, slots 1..5 of table 8
+    hash_map.insert_all([11, 12, 13, 14, 15], [run])
+    table = hash_map.tables[8]
+    assert table.blocks == [0, 11, 12, 13, 14, 15] and table.ref_counts == [0, 1, 1, 1, 1, 1]
+    assert table.num_filled == 5
+    hash_map.insert_all([21, 22, 23, 24, 25, 26], [run, range(-7, -8, -1)])
+    assert table.blocks == [0, 11, 12, 13, 14, 15]  # the first copies stay
+    assert hash_map.further_copies == {k: [b] for k, b in zip(run, [21, 22, 23, 24, 25])}
+    assert hash_map.get_one_block(-7) == 26
+    assert hash_map.cached_prefix([run, range(-7, -8, -1)]) == [11, 12, 13, 14, 15, 26]
+
+
+def test_popping_trims_trailing_empty_slots_and_drops_an_empty_table():
+    hash_map = BlockHashToBlockMap(4)
+    hash_map.insert_all([5, 6, 7], [_run(2, 4, 12)])  # slots 1..3 of table 8
+    table = hash_map.tables[8]
+    hash_map.pop(_key(2, 12))
+    assert table.blocks == [0, 5, 6] and table.num_filled == 2
+    hash_map.pop(_key(2, 4))  # a hole in the middle stays
+    assert table.blocks == [0, 0, 6] and len(table.ref_counts) == len(table.free_run_ids) == 3
+    hash_map.pop(_key(2, 8))
+    assert hash_map.tables == {} and hash_map.num_keys() == 0
+
+
+def test_pop_all_unmaps_a_descending_run_and_unique_keys():
+    hash_map = BlockHashToBlockMap(4)
+    hash_map.insert_all([1, 2, 3, 4, 5, 6, 9], [_run(2, 4, 24), range(-7, -8, -1)])
+    hash_map.pop_all([_key(2, o) for o in (24, 20, 16, 12, 8)])  # eviction order: last first
+    table = hash_map.tables[8]
+    assert table.blocks == [0, 1] and table.num_filled == 1
+    hash_map.pop_all([-7, _key(2, 4)])
+    assert hash_map.tables == {} and hash_map.unique == {}
+
+
+def test_a_prefix_walk_stops_at_the_first_unmapped_key():
+    hash_map = BlockHashToBlockMap(4)
+    run = _run(2, 4, 16)
+    hash_map.insert_all([1, 2, 3, 4], [run])
+    hash_map.insert(-7, 9)
+    both = [run, range(-7, -8, -1)]
+    assert hash_map.cached_prefix(both) == [1, 2, 3, 4, 9]
+    hash_map.pop(_key(2, 8))
+    assert hash_map.cached_prefix(both) == [1]
+    assert hash_map.cached_prefix([_run(2, 12, 16)]) == [3, 4]
+    assert hash_map.cached_prefix([_run(5, 4, 8)]) == []
+
+
+def test_a_further_copy_takes_over_a_slot_with_its_count_or_run_id():
+    hash_map = BlockHashToBlockMap(4)
+    hash_map.insert_all([1, 2], [_run(2, 4, 8)])
+    table = hash_map.tables[8]
+    hash_map.replace_first_copy(_key(2, 4), 7, 2, 0)  # 7 is in use, held twice
+    hash_map.replace_first_copy(_key(2, 8), 8, 0, 5)  # 8 is free, in free-queue run 5
+    assert (table.blocks, table.ref_counts, table.free_run_ids) == ([0, 7, 8], [0, 2, 0], [0, 0, 5])
+    hash_map.insert(-3, 4)
+    hash_map.replace_first_copy(-3, 6, 0, 0)
+    assert hash_map.unique == {-3: 6}
