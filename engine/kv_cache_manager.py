@@ -8,7 +8,8 @@ Private blocks: a full block whose key no other request can hold (it ends past t
 leading trace ids that occur in other rows, or holds generated tokens) is findable only by its
 owner, and only after a preemption. Such blocks are registered in the prefix-cache map when their
 owner is preempted (and eagerly from then on), not when they fill; until then they carry the
-free queue as "cached, findable by nobody" (engine/block_pool.py), so their eviction is still counted.
+free queue as "cached, findable by nobody" (an AnonymousRun counted as evictions,
+engine/free_block_queue.py), so their eviction is still counted.
 No lookup result changes; the reference workload's 15 M block registrations and evictions of
 never-shared prompts become free-queue moves only.
 """
