@@ -1,7 +1,7 @@
 """The prefix-cache map: vLLM V1's BlockHashToBlockMap (v1/core/kv_cache_utils.py), per trace block.
 
 vLLM maps each block hash to the cached block(s) holding it. Here a key is an int
-(engine/block_keys.py): a trace-named key is ``id * _ID_STRIDE + offset``, and the keys of one trace
+(engine/block_keys.py): a trace-named key is ``id * ID_STRIDE + offset``, and the keys of one trace
 block step by the block size, so they are kept in a ``SlotTable`` per (id, offset mod block size),
 indexed by offset // block size. A prefix walk then reads one table slice per trace block instead
 of one dict lookup per block (``cached_prefix``), which was the largest single cost of admitting a
@@ -27,8 +27,9 @@ from replay.engine import block_keys
 
 # engine/block_keys.py's key stride, as a constant of this module: compiled code inlines a Final of
 # its own module but reads an imported one from the module dict at every use (73 -> 31 ns a slot).
-_ID_STRIDE: Final = (1 << 24) + 1
-assert _ID_STRIDE == block_keys._ID_STRIDE
+ID_STRIDE: Final = (1 << 24) + 1
+if ID_STRIDE != block_keys.ID_STRIDE:  # not an assert: python -O must not drop the check
+    raise ImportError("block_hash_map.ID_STRIDE must equal block_keys.ID_STRIDE")
 
 
 def count_equal(values: list[int], lo: int, hi: int, x: int) -> int:
@@ -88,8 +89,8 @@ class BlockHashToBlockMap:
     def slot_of(self, key: int) -> tuple[int, int]:
         """(table id, slot index) of a trace-named key (key >= 0); one-to-one."""
         bs = self.block_size
-        g = key // _ID_STRIDE
-        off = key - g * _ID_STRIDE
+        g = key // ID_STRIDE
+        off = key - g * ID_STRIDE
         return g * bs + off % bs, off // bs
 
     def get_one_block(self, key: int) -> int | None:
@@ -116,7 +117,7 @@ class BlockHashToBlockMap:
             blocks = table.blocks
             for i in range(len(blocks)):
                 if blocks[i]:
-                    out.append((g * _ID_STRIDE + i * bs + rem, blocks[i]))
+                    out.append((g * ID_STRIDE + i * bs + rem, blocks[i]))
         return out
 
     def table_for(self, tid: int, length: int) -> SlotTable:
@@ -211,9 +212,9 @@ class BlockHashToBlockMap:
         key = keys[j]
         if key < 0:
             return j + 1
-        off = key - (key // _ID_STRIDE) * _ID_STRIDE
-        # slots left in this table in the run's direction (offsets stay in [0, _ID_STRIDE))
-        room = (off // -step if step < 0 else (_ID_STRIDE - 1 - off) // step) + 1
+        off = key - (key // ID_STRIDE) * ID_STRIDE
+        # slots left in this table in the run's direction (offsets stay in [0, ID_STRIDE))
+        room = (off // -step if step < 0 else (ID_STRIDE - 1 - off) // step) + 1
         end = len(keys)
         if end > j + room:
             end = j + room

@@ -23,7 +23,7 @@ from typing import Final
 
 _OFFSET_BITS: Final = 24  # offsets inside a trace block (hash_block_size < 2**24 tokens)
 _UNIQUE_BITS: Final = 40  # token positions inside one request (< 2**40 tokens)
-# A key is id * _ID_STRIDE + offset (and -(tag * _TAG_STRIDE + t) - 1 for unique keys), not the bit
+# A key is id * ID_STRIDE + offset (and -(tag * _TAG_STRIDE + t) - 1 for unique keys), not the bit
 # concatenation (id << 24) | offset: the same order and the same differences inside a group, but the
 # id also lands in the low bits. Python hashes an int to itself and a dict picks its first slot from
 # the low bits, where block offsets (multiples of the block size, at most 2**24) leave concatenated
@@ -31,7 +31,7 @@ _UNIQUE_BITS: Final = 40  # token positions inside one request (< 2**40 tokens)
 # per lookup on 55,000 cached keys; the prefix-cache map, the G2 store and the routers' indexes all
 # look keys up).
 # Final, and spelled out: compiled code then uses the constants inline, not as module globals.
-_ID_STRIDE: Final = (1 << 24) + 1  # (1 << _OFFSET_BITS) + 1
+ID_STRIDE: Final = (1 << 24) + 1  # (1 << _OFFSET_BITS) + 1
 _TAG_STRIDE: Final = (1 << 40) + 1  # (1 << _UNIQUE_BITS) + 1
 
 
@@ -72,7 +72,7 @@ class BlockKeys:
         if t <= self.input_tokens:
             hb = self.hash_block_size
             i = (t - 1) // hb
-            return self.ids[self.start + i] * _ID_STRIDE + (t - i * hb)
+            return self.ids[self.start + i] * ID_STRIDE + (t - i * hb)
         return -(self.unique_tag * _TAG_STRIDE + t) - 1
 
     def block_keys(self, j0: int, j1: int) -> list[int]:
@@ -104,7 +104,7 @@ class BlockKeys:
             while j < split:
                 i = ((j + 1) * bs + la - 1) // hb  # trace block holding the block's last token
                 last = min(split, ((i + 1) * hb - la) // bs)  # first j past this trace block
-                base = ids[start + i] * _ID_STRIDE - i * hb + la
+                base = ids[start + i] * ID_STRIDE - i * hb + la
                 out.append(range(base + (j + 1) * bs, base + last * bs + 1, bs))
                 j = last
         if j < j1:
@@ -119,4 +119,4 @@ def key_group(key: int) -> int:
     Keys of one group that are one block apart differ by exactly the block size, so a group's keys
     held anywhere form disjoint arithmetic intervals (what the G2 run store indexes by).
     """
-    return key // _ID_STRIDE if key >= 0 else key // _TAG_STRIDE
+    return key // ID_STRIDE if key >= 0 else key // _TAG_STRIDE

@@ -18,6 +18,7 @@ from replay.base.errors import ConfigError, ReplayError
 from replay.base.files import require_regular_file
 from replay.engine.hardware import get_hardware
 from replay.engine.models import ModelSpec, get_model
+from replay.engine.router_options import OPTIONS_BY_ROUTER
 
 # Bytes per element of each weight and KV dtype.
 DTYPE_BYTES = {"bf16": 2, "fp8": 1}
@@ -118,8 +119,6 @@ class FleetConfig(StrictModel):
 
     @model_validator(mode="after")
     def _router_options(self) -> FleetConfig:
-        from replay.engine.routers.options import OPTIONS_BY_ROUTER
-
         try:
             OPTIONS_BY_ROUTER[self.router].model_validate(self.router_options)
         except ValidationError as exc:

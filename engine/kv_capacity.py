@@ -21,7 +21,6 @@ from replay.engine.hardware import get_hardware
 from replay.engine.models import ModelSpec, get_model
 
 GIB = 1 << 30
-_BYTES = DTYPE_BYTES
 
 # Non-torch memory per rank (CUDA context, cuBLAS workspaces): vLLM's memory profile logs
 # "non_torch_memory" of about 0.2-0.6 GiB on Hopper at TP1. Guess, uncalibrated: 0.4 GiB.
@@ -67,7 +66,7 @@ class KVCapacity:
 def weights_bytes_per_rank(config: EngineConfig, model: ModelSpec) -> int:
     """Weights on one rank: everything sharded by TP (vocab-parallel embedding and LM head included),
     plus the MTP head when it drafts. The LM head stays BF16 under fp8 (vLLM leaves it unquantized)."""
-    w = _BYTES[config.dtype]
+    w = DTYPE_BYTES[config.dtype]
     tp = config.tensor_parallel_size
     head = 0 if model.tie_word_embeddings else model.lm_head_params
     body = model.total_params - head

@@ -11,6 +11,7 @@ from typing import Any
 
 from matplotlib.ticker import PercentFormatter
 
+from replay.reports.fleet import fleet_load_chart
 from replay.reports.metrics import TURN_CAP, RunMetrics
 from replay.reports.plotting import (
     COLORS,
@@ -140,8 +141,6 @@ def report_charts(outdir: Path, m: RunMetrics, *, with_cpu: bool) -> dict[str, P
     if m.reuse_by_turn:
         charts["reuse_by_turn"] = reuse_by_turn(outdir / "reuse_by_turn.png", m.reuse_by_turn, with_cpu)
     if m.fleet is not None:
-        from replay.reports.fleet import fleet_load_chart
-
         charts["fleet_load"] = fleet_load_chart(outdir / "fleet_load.png", m.fleet, m.bucket_ms)
     return charts
 

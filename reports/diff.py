@@ -25,7 +25,7 @@ from replay.reports.configdiff import differing
 from replay.reports.fleet import fleet_diff_lines
 from replay.reports.fmt import DASH, change, md_table, num
 from replay.reports.metrics import Row, RunMetrics, compute, headline, share_ideal
-from replay.reports.report import charts_dir_for, check_report_outputs, run_files
+from replay.reports.report_files import charts_dir_for, check_report_outputs, run_files
 from replay.reports.slo import Slo
 from replay.reports.sqlfiles import sql
 from replay.reports.views import VIEW_SQL, Run, open_run

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from replay.base.atomic import atomic_path, check_output_file
 from replay.base.duckdb_conn import connect
 from replay.base.errors import ReplayError
+from replay.reports.report_files import run_files
 from replay.reports.sample_stats import SampleSpill
 from replay.reports.sqlfiles import sql
 from replay.reports.views import open_run
@@ -278,8 +279,6 @@ def _aiperf_record(i: int, r: dict[str, Any], base: float) -> str:
 
 def export(outdir: str | Path, fmt: str, dest: str | Path) -> Path:
     """Write the replay in ``outdir`` as ``fmt`` to ``dest`` (atomically); returns ``dest``."""
-    from replay.reports.report import run_files
-
     outdir, dest = Path(outdir), Path(dest)
     if fmt not in FORMATS:
         raise ReplayError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")

@@ -40,8 +40,6 @@ def _modules() -> dict[str, Path]:
             rel = path.relative_to(folder).with_suffix("")
             parts = [p for p in rel.parts if p != "__init__"]
             name = ".".join([package, *parts])
-            if package == "replay" and len(parts) and parts[0] in ("engine", "ingest", "reports"):
-                continue
             found[name] = path
     return found
 
@@ -161,14 +159,23 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def _packages_run_by(importer: str, target: str) -> list[str]:
+    """The packages whose __init__ importing ``target`` runs, besides the importer's own ancestors
+    (already running): importing a.b.c runs a/b/__init__.py too."""
+    parts = target.split(".")
+    return [p for p in (".".join(parts[:i]) for i in range(1, len(parts)))
+            if p in MODULES and not importer.startswith(p + ".")]
+
+
 def test_no_import_cycle_between_modules() -> None:
-    """Imports inside functions count too: a cycle hidden in a function is still a cycle. A package's
-    own __init__ importing its submodules is not an edge back (the submodule imports its package's
-    parent namespace only to be found)."""
+    """Imports inside functions count too: a cycle hidden in a function is still a cycle; so does
+    the package __init__ an import runs. A package's own __init__ importing its submodules is not an
+    edge back (the submodule imports its package's parent namespace only to be found)."""
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
     for e in EDGES:
         if e.importer != e.target and not e.importer.startswith(e.target + "."):
             graph[e.importer].add(e.target)
+        graph[e.importer].update(_packages_run_by(e.importer, e.target))
     cycles = _cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
@@ -199,7 +206,28 @@ def test_no_private_name_crosses_a_module() -> None:
         leaf = e.target.rpartition(".")[2]
         if leaf.startswith("_") and not leaf.startswith("__") and _package_of(e.importer) != _package_of(e.target):
             bad.append(f"{_where(e)} imports the private module {e.target}")
+    bad += _private_attributes_of_imported_modules()
     assert not bad, "\n".join(bad)
+
+
+def _private_attributes_of_imported_modules() -> list[str]:
+    """`module._name` where `module` is another module of ours bound by an import."""
+    bad = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        bound: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                bound.update({a.asname: a.name for a in node.names if a.asname and a.name in MODULES})
+            elif isinstance(node, ast.ImportFrom):
+                target = _resolve(name, node)
+                bound.update({a.asname or a.name: f"{target}.{a.name}" for a in node.names
+                              if f"{target}.{a.name}" in MODULES})
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} reads {bound[node.value.id]}.{node.attr}")
+    return bad
 
 
 @pytest.mark.parametrize("name", ["engine", "ingest", "reports"])

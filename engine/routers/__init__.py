@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from replay.engine.router_options import OPTIONS_BY_ROUTER
 from replay.engine.routers.base import Router, RouterContext
 from replay.engine.routers.kv_aware import KvAwareRouter
 from replay.engine.routers.least_loaded import LeastLoadedRouter
-from replay.engine.routers.options import OPTIONS_BY_ROUTER
 from replay.engine.routers.prefix_score import PrefixScoreRouter
 from replay.engine.routers.simple import RandomRouter, RoundRobinRouter, SessionAffinityRouter
 

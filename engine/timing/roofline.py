@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from replay.engine.config import DTYPE_BYTES
 from replay.engine.hardware import HardwareProfile
 from replay.engine.models import ModelSpec
 from replay.engine.timing.base import StepBreakdown, StepShape
 from replay.engine.timing.roofline_decode import RooflineDecodeRun
 
-_BYTES = {"bf16": 2, "fp8": 1}
 _ACT_BYTES = 2  # activations all-reduced in BF16 (vLLM keeps the residual stream in the model dtype)
 
 
@@ -109,7 +109,7 @@ class RooflineTimer:
         self.tp, self.dtype, self.kv_dtype, self.drafter = tp, dtype, kv_dtype, drafter
         self.host_overhead_ms = p.host_overhead_ms
         L = model.num_layers
-        w_bytes = _BYTES[dtype]
+        w_bytes = DTYPE_BYTES[dtype]
         peak = hw.peak_flops(dtype)
         peak16 = hw.gpu.bf16_dense_flops.value  # attention and the (unquantized) LM head run in BF16
         bw = hw.gpu.hbm_bw.value
@@ -130,7 +130,7 @@ class RooflineTimer:
             self._mla_ctx_c = 0.0
 
         # Attention.
-        kv_bytes_tok_layer = model.kv_elems_per_token_per_layer(tp) * _BYTES[kv_dtype]
+        kv_bytes_tok_layer = model.kv_elems_per_token_per_layer(tp) * DTYPE_BYTES[kv_dtype]
         self.kv_bytes_per_token = L * kv_bytes_tok_layer
         self._kv_c = self.kv_bytes_per_token * c_mem                # ms per KV token streamed, all layers
         pair_flops = 2.0 * nq * (model.head_dim + model.v_head_dim)  # one (query, key) pair, one layer

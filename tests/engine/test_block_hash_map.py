@@ -1,17 +1,17 @@
 """The prefix-cache map (engine/block_hash_map.py) on its own: 4-token blocks, hand-checked slots.
 
-A trace-named key is trace id * _ID_STRIDE + offset (engine/block_keys.py); with 4-token blocks the
+A trace-named key is trace id * ID_STRIDE + offset (engine/block_keys.py); with 4-token blocks the
 key at offset o of trace id g lives in table g * 4 + o % 4, slot o // 4.
 """
 
 from __future__ import annotations
 
 from replay.engine.block_hash_map import BlockHashToBlockMap, count_equal
-from replay.engine.block_keys import _ID_STRIDE
+from replay.engine.block_keys import ID_STRIDE
 
 
 def _key(trace_id: int, offset: int) -> int:
-    return trace_id * _ID_STRIDE + offset
+    return trace_id * ID_STRIDE + offset
 
 
 def _run(trace_id: int, first: int, last: int) -> range:
