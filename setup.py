@@ -2,8 +2,8 @@
 loop with mypyc when a C compiler is at hand.
 
 Layout. What installs is one package, ``replay``: the folders engine/, ingest/ and reports/ become its
-subpackages ``replay.engine``, ``replay.ingest`` and ``replay.reports`` (``package_dir`` below), so
-nothing lands in site-packages under a generic top-level name.
+subpackages ``replay.engine``, ``replay.ingest`` and ``replay.reports`` (pyproject.toml's
+``[tool.setuptools.package-dir]``), so nothing lands in site-packages under a generic top-level name.
 
 Compiled core. The compiled modules are the very same Python sources (engine/native.py lists them);
 without mypy or a compiler, or with REPLAY_PURE_PYTHON=1 at build time, the package installs as pure

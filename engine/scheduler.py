@@ -73,7 +73,7 @@ class Scheduler:
         self.limits = limits
         self.kv = kv
         self.sampler = sampler
-        self.offload = offload  # engine.offload.OffloadManager or None
+        self.offload = offload  # replay.engine.offload.OffloadManager or None
         self.waiting = PriorityQueue() if limits.policy == "priority" else FCFSQueue()
         self.running: list[Request] = []
         self.total_preemptions = 0

@@ -1,7 +1,7 @@
 """Ingest: any common request-trace format -> one canonical, validated Parquet trace.
 
-Public API: ``convert``, ``load_trace``, ``trace_stats`` (see ``ingest.api``) and the schema
-contract in ``ingest.schema``.
+Public API: ``convert``, ``load_trace``, ``trace_stats`` (see ``replay.ingest.api``) and the schema
+contract in ``replay.ingest.schema``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 __all__ = ["IngestResult", "convert", "load_trace", "trace_stats", "TRACE_SCHEMA", "TraceMetadata",
            "is_canonical_trace", "read_trace", "read_trace_metadata"]
 
-# Resolved on first use (PEP 562): ``ingest.api`` pulls in the readers, pandas and DuckDB (about
-# 0.3 s), which ``replay run`` of a canonical Parquet trace never needs; it only reads ``ingest.schema``.
+# Resolved on first use (PEP 562): ``replay.ingest.api`` pulls in the readers, pandas and DuckDB (about
+# 0.3 s), which ``replay run`` of a canonical Parquet trace never needs; it only reads ``replay.ingest.schema``.
 _LAZY = {"IngestResult": "api", "convert": "api", "load_trace": "api", "trace_stats": "api",
          "TRACE_SCHEMA": "schema", "TraceMetadata": "schema", "is_canonical_trace": "schema",
          "read_trace": "schema", "read_trace_metadata": "schema"}

@@ -1,5 +1,5 @@
 """What a trace says was measured, and its labels: the ``replay inspect`` lines for the optional
-columns (``ingest.schema.OPTIONAL_SCHEMA``). Absent columns are left out, never shown as zero."""
+columns (``replay.ingest.schema.OPTIONAL_SCHEMA``). Absent columns are left out, never shown as zero."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The shared ingest pipeline: staged batches -> validated, session-aware canonical batches.
 
-Per batch: the reader's parse rejections, the row rules (``ingest.validate``), duplicate request
+Per batch: the reader's parse rejections, the row rules (``replay.ingest.validate``), duplicate request
 ids, session bookkeeping, then conversion to the canonical schema with arrivals from trace start.
 State carried across batches is per request id / per session only, so memory stays bounded by
 the number of sessions, not rows. Out-of-order rows are counted here and sorted at the end.

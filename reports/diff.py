@@ -1,6 +1,6 @@
 """``replay diff``: two replays of one trace side by side, with paired per-request statistics.
 
-Both runs' metrics come from ``reports.metrics`` (the same SQL as the single-run report); this module
+Both runs' metrics come from ``replay.reports.metrics`` (the same SQL as the single-run report); this module
 adds what only a pair has: config differences, per-request deltas joined on request_id with
 bootstrap intervals, the requests and sessions that moved most, and overlaid CDFs.
 """

@@ -1,6 +1,6 @@
 """Markdown for one replay: what a reviewer pastes into a pull request.
 
-Only formats what ``reports.metrics`` computed; charts are referenced by relative path.
+Only formats what ``replay.reports.metrics`` computed; charts are referenced by relative path.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The headline metrics of one run without the chart data: what a sweep row needs, from the same
-``.sql`` files as ``reports.metrics.compute``.
+``.sql`` files as ``replay.reports.metrics.compute``.
 
 A sweep summarizes every run it makes, so it skips the CDF histograms, the over-time series and the
 infinite-cache ideal (charts and warnings of one run, not comparable columns); what it keeps is

@@ -39,7 +39,7 @@ class Sweep:
 
     @property
     def outdir(self) -> Path:
-        """The directory `replay sql`'s read-only lock-down (reports.adhoc) confines queries to."""
+        """The directory `replay sql`'s read-only lock-down (replay.reports.adhoc) confines queries to."""
         return self.root
 
 

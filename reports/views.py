@@ -94,7 +94,7 @@ def _check_columns(path: Path, schema) -> list[str]:
 
 
 def _trace_fingerprint(path: Path) -> str:
-    """The content fingerprint ``replay run`` records (engine.run_info.trace_fingerprint of the canonical
+    """The content fingerprint ``replay run`` records (replay.engine.run_info.trace_fingerprint of the canonical
     table)."""
     from replay.engine.run_info import trace_fingerprint
     from replay.ingest.schema import read_trace

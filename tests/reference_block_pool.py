@@ -135,7 +135,7 @@ class PerBlockPool:
 
     def free_blocks(self, blocks_in_eviction_order: list[int], runs: list[range], num_uncached: int,
                     num_private: int) -> None:
-        """As engine.block_pool.BlockPool.free_blocks, one free-queue entry per block: blocks
+        """As replay.engine.block_pool.BlockPool.free_blocks, one free-queue entry per block: blocks
         without a hash to the head (reused first, in the given order), cached ones to the tail."""
         keys = [key for rng in runs for key in rng]
         self.free_version += 1

@@ -188,7 +188,7 @@ def _config_dump(spec: RunSpec) -> dict:
 
 
 def _trace_fingerprint(path: Path) -> str:
-    """What `replay run` records: the content fingerprint of the canonical table (engine.run_info)."""
+    """What `replay run` records: the content fingerprint of the canonical table (replay.engine.run_info)."""
     from replay.engine.run_info import trace_fingerprint
     from replay.ingest.schema import read_trace
 

@@ -1,6 +1,6 @@
 """Our engine on a parity workload, in the same lock-step loop as the vLLM driver.
 
-The scheduler is built exactly as `replay run` builds it (engine.scheduler.build_scheduler from an
+The scheduler is built exactly as `replay run` builds it (replay.engine.scheduler.build_scheduler from an
 EngineConfig), then stepped one step per step with no timing: schedule(), then
 update_from_output(), recording the tables of bench/vllm_parity/tables.py.
 """

@@ -12,7 +12,7 @@ Two mappings are ours and documented in docs/timing.md:
   decode batch and an (L + k) / L compute scale); ``num_spec_passes`` is then implied.
 
 Speed (docs/timing.md, "How the aic backend stays fast"): decode-only steps are priced from
-aiconfigurator's own structure by ``engine.timing.aic_decode.DecodeTable`` (compiled with the engine
+aiconfigurator's own structure by ``replay.engine.timing.aic_decode.DecodeTable`` (compiled with the engine
 core; decode windows time their steps there), exact up to float rounding inside the measured table
 and within 1e-4 where it is extrapolated. ``exact=True`` (``timing.aic_exact``) turns that off: one
 memoized direct call per distinct shape. Prefill and mixed steps are always direct calls.

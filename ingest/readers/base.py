@@ -2,7 +2,7 @@
 
 A reader only parses. It turns its source into *staged* tables (the columns below, any of which may
 be missing) and reports values it could not parse as ``Rejection``s; validation, ordering and
-writing are shared (``ingest.pipeline``), so every format gets the same rules and error wording.
+writing are shared (``replay.ingest.pipeline``), so every format gets the same rules and error wording.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ STAGED_TYPES: dict[str, pa.DataType] = {
     "priority": pa.int64(),
     "_row": pa.int64(),
     "_line": pa.int64(),
-    # optional canonical columns (ingest.schema.OPTIONAL_SCHEMA), staged in their canonical types
+    # optional canonical columns (replay.ingest.schema.OPTIONAL_SCHEMA), staged in their canonical types
     **{f.name: f.type for f in OPTIONAL_SCHEMA},
 }
 
@@ -106,7 +106,7 @@ class Col:
     """How to build one staged column: the source fields (first non-null wins) and their kind.
 
     ``kind`` is ``int``, ``float``, ``str``, ``ids`` (list of uint64) or ``time:<unit>`` (unit as in
-    ``ingest.columns.parse_time_ms``).
+    ``replay.ingest.columns.parse_time_ms``).
     """
 
     sources: tuple[str, ...]

@@ -2,7 +2,7 @@
 (``conversation: [{role, content}]``), as a JSON array or JSON Lines.
 
 Every assistant reply is one request: its prompt is the whole conversation before it (rendered
-with ``ingest.hashing.render_messages``), so later turns share a real prefix with earlier ones
+with ``replay.ingest.hashing.render_messages``), so later turns share a real prefix with earlier ones
 and get chained hash ids from their text (the ``requests`` reader's hashing). Output length is
 the reply's token count under the tokenizer (no recorded count exists: approximate with the byte
 fallback). A conversation is a session, its replies turns 1..n. There are no timestamps: every

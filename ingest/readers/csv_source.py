@@ -1,7 +1,7 @@
 """Reading CSV by column name with pyarrow's streaming reader (bounded memory, no per-row Python).
 
 Every needed column is read as a string and converted with the vectorised parsers in
-``ingest.columns``, so a bad value becomes a row-level rejection instead of aborting the file.
+``replay.ingest.columns``, so a bad value becomes a row-level rejection instead of aborting the file.
 Rows with the wrong number of fields are caught by pyarrow's invalid-row handler. Line numbers are
 worked out (by a Python pass over the file) only when there is a problem to report.
 """

@@ -5,7 +5,7 @@ generic file cannot tell seconds from milliseconds, the most common trace mistak
 is never guessed). Optional: ``request_id``, ``session_id``, ``parent_id``, ``turn``,
 ``delay_ms``, ``priority``, ``hash_ids`` (then ``--block-size`` is required; in CSV a cell like
 ``[1, 2, 3]`` or ``1 2 3``), and the optional ``measured_*`` and label columns
-(``ingest.schema.OPTIONAL_SCHEMA``). Arrivals are rebased to the first request. In JSONL a source
+(``replay.ingest.schema.OPTIONAL_SCHEMA``). Arrivals are rebased to the first request. In JSONL a source
 may be a dotted path into nested objects (``--map input_tokens=usage.prompt_tokens``) unless the
 first record has that literal key.
 """

@@ -36,7 +36,7 @@ class OpenAIBatchInputReader(_BatchReader):
         self.text = TextIds(opts.tokenizer, opts.block_size or DEFAULT_BLOCK_SIZE)
 
     def info(self) -> ReaderInfo:
-        notes = ["prompt text from body.messages/input/prompt, chain-hashed (ingest.hashing)",
+        notes = ["prompt text from body.messages/input/prompt, chain-hashed (replay.ingest.hashing)",
                  "output length is the request's max_tokens cap, not the real length",
                  "no arrival times in a batch file: arrivals are 0, replay with a load mode"] + self.text.notes()
         return ReaderInfo(

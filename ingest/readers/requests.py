@@ -69,7 +69,7 @@ class RequestsReader(Reader):
             ("measured_cached_tokens", isinstance(head.get("usage"), dict)), ("model", "model" in head)) if present)
 
     def info(self) -> ReaderInfo:
-        notes = ["hash ids: blake2b chain hash of token-id blocks (ingest.hashing)",
+        notes = ["hash ids: blake2b chain hash of token-id blocks (replay.ingest.hashing)",
                  "output length from output_tokens/completion_tokens/usage/output_token_ids, else max_tokens (a cap)"]
         if self.tokenizer.name.startswith("byte-fallback"):
             notes.append("text prompts (if any) tokenized with the byte-level fallback: token counts are approximate")

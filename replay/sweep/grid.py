@@ -1,6 +1,6 @@
 """The grid: ``--grid key=v1,v2``, ``key=1..64`` (``1..64:8`` for a step) or ``key=a.yaml,b.yaml``.
 
-Every value is applied to the base config through the same path as ``--set`` (engine.config
+Every value is applied to the base config through the same path as ``--set`` (replay.engine.config
 apply_overrides), so any config key can be swept, including keys added after this module was written.
 A value naming a YAML file (``*.yaml``/``*.yml``) is that file's mapping, which becomes the key's
 value (``--grid speculative=mtp1.yaml,mtp2.yaml``), as ``--set speculative={...}`` would.

@@ -1,7 +1,7 @@
 """One config of a sweep, run inside a worker (a pool process or a Ray task).
 
 The worker gets the trace once (``WorkerTrace``) and then any number of ``Job``s; each job replays the
-trace with its config through the ordinary engine entry point (engine.run.replay_trace, the code
+trace with its config through the ordinary engine entry point (replay.engine.run.replay_trace, the code
 behind `replay run`), summarizes the run and returns a JSON-ready record. A config's own failure (a
 bad combination, a request that cannot fit) becomes a record with its error: the sweep goes on.
 """

@@ -55,7 +55,7 @@ class SweepSlo:
 
 
 def _milliseconds(item: str, raw: str) -> float:
-    """One bound, valid exactly when `replay report --slo` (reports.slo) would take it; its errors
+    """One bound, valid exactly when `replay report --slo` (replay.reports.slo) would take it; its errors
     name the sweep's item."""
     try:
         return parse_slo(f"e2e={raw}").e2e

@@ -1,4 +1,4 @@
-"""One row of summary metrics per run, from the same SQL as `replay report` (reports.metrics).
+"""One row of summary metrics per run, from the same SQL as `replay report` (replay.reports.metrics).
 
 The column set is fixed (``METRIC_COLUMNS``) so every row of a sweep has the same schema whatever the
 run produced; a metric a run does not have (MTP acceptance without MTP, goodput without an SLO) is null.
