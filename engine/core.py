@@ -77,9 +77,6 @@ class EngineCore:
         pool = self.kv_pool
         return 1.0 - pool.get_num_free_blocks() / (pool.num_gpu_blocks - 1)
 
-    def has_work(self) -> bool:
-        return self.sched.has_unfinished() or bool(self.inbox)
-
     def own_next_event_ms(self) -> float:
         """The next instant this replica must act at without any new arrival: G2 completions and
         requests routed here that are still on their way (router latency)."""

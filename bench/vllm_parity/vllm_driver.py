@@ -1,6 +1,6 @@
 """vLLM 0.33's own V1 Scheduler on a parity workload, stepped with fake model outputs.
 
-Runs only in the vLLM venv (``/work/vllm-venv``, ``pip install vllm==0.33.0``; never a project
+Runs only in the vLLM venv (e.g. ``~/vllm-venv``, ``pip install vllm==0.33.0``; never a project
 dependency). The scheduler is built as vLLM's tests/v1/core/utils.py ``create_scheduler`` builds it:
 an exact KVCacheConfig (num_blocks, one full-attention group), offline, from a local folder holding
 only config.json (bench/vllm_parity/model_configs.py), ``skip_tokenizer_init=True`` and
