@@ -13,7 +13,8 @@ the folders above its file, so it compiles a copy of the sources laid out as ins
 setuptools itself puts there (an editable install's extension modules, beside their sources). The
 build records which sources it compiled in ``_native_build.json`` next to the extension modules,
 written only when they are built: a pure-Python build of the same checkout leaves an editable
-install's compiled core alone.
+install's compiled core alone. mypyc's shared runtime library for the compiled modules is
+``replay/engine__mypyc`` (``group_name``), inside the package like the rest.
 """
 
 from __future__ import annotations
@@ -135,7 +136,9 @@ def _ext_modules() -> list:
     cwd = os.getcwd()
     try:
         os.chdir(stage)
-        modules = mypycify([*flags, *sources], opt_level="3", debug_level="0",
+        # group_name: mypyc's shared library is replay/engine__mypyc (inside the package, a fixed name)
+        # rather than a top-level <hash>__mypyc that changes with the module list.
+        modules = mypycify([*flags, *sources], opt_level="3", debug_level="0", group_name="replay.engine",
                            target_dir=str(stage / "build"))
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - a type error must not break the install
         _say(f"mypyc could not compile the engine core ({exc!r}); the engine runs as pure Python")

@@ -109,8 +109,7 @@ def test_edited_source_is_never_shadowed_by_its_stale_build(tmp_path: Path) -> N
     (pkg / "block_pool.py").write_text((pkg / "block_pool.py").read_text() + "\nEDITED = True\n")
     code = ("import replay.engine.native as n, replay.engine.block_pool as b, replay.engine.scheduler as s; "
             "print(n.core_kind(), b.EDITED, s.__file__.endswith('.py'), n.stale_build())")
-    # the copy first; the checkout after it only for mypyc's shared library of an editable install
-    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", REPLAY_PURE_PYTHON="")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), REPLAY_PURE_PYTHON="")
     res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["python", "True", "True", "True"]  # and the summary says so
