@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.checkout_mount import is_mapped_layout  # noqa: E402
-from bench.compare.workloads import load_workloads, resolve_trace, shared_dir  # noqa: E402
+from bench.compare.workloads import load_workloads, resolve_trace  # noqa: E402
+from bench.shared import shared_dir  # noqa: E402
 
 CONFIGS = ROOT / "bench" / "compare" / "configs"
 WORK = Path("/tmp/replay-compare")

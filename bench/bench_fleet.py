@@ -23,7 +23,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("REPLAY_SHARED", ROOT.parent / "shared"))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from bench.shared import shared_dir  # noqa: E402
+
+SHARED = shared_dir()
 MOONCAKE = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"
 CONFIGS = ROOT / "bench" / "compare" / "configs"
 RESULTS = ROOT / "bench" / "results"

@@ -1,6 +1,6 @@
 """Ingest benchmark: the Mooncake conversation trace and a synthesized N-row Azure-style CSV.
 
-The Mooncake trace is read from the `shared` folder beside the repository checkout
+The Mooncake trace is read from $REPLAY_SHARED, else the `shared` folder beside the repository checkout
 (traces/mooncake/conversation_trace.jsonl); it is skipped when absent.
 
     python bench/bench_ingest.py                 # 10M-row CSV (about 400 MB in a temp dir)
@@ -25,7 +25,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from bench.shared import shared_dir  # noqa: E402
+
+MOONCAKE = shared_dir() / "traces" / "mooncake" / "conversation_trace.jsonl"
 
 
 def _child(step: str, src: str, dest: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 from typing import Literal
@@ -13,14 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from bench.compare.reuse_traffic import ReuseTrafficConfig, write_reuse_trace
 from bench.compare.runner import REPO_ROOT, replay_command
 from bench.compare.traces import write_reference_trace
+from bench.shared import shared_dir
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS_FILE = HERE / "workloads.yaml"
 
-
-def shared_dir() -> Path:
-    """The shared traces folder: $REPLAY_SHARED, else a `shared` folder beside the repository checkout."""
-    return Path(os.environ.get("REPLAY_SHARED", REPO_ROOT.parent / "shared"))
 
 
 class Strict(BaseModel):

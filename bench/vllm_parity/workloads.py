@@ -10,7 +10,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+from bench.shared import shared_dir
+
+MOONCAKE = shared_dir() / "traces" / "mooncake" / "conversation_trace.jsonl"
 HASH_BLOCK_SIZE = 512  # Mooncake: one hash id per 512 tokens (README_FAST25.md)
 BLOCK_SIZE = 16  # vLLM's default block size on CUDA
 MAX_INPUT = 16384  # longer rows are left out of every burst (they would not fit the small caches)
