@@ -25,7 +25,7 @@ from replay.engine.recorder import Recorder
 from replay.engine.routers import Router, RouterContext, build_router
 from replay.engine.run_info import ReplayFacts, build_run_info, trace_fingerprint
 from replay.engine.run_setup import EngineSetup, resolve_setup
-from replay.engine.scheduler import Scheduler, kv_cache_manager_for, scheduler_limits_for
+from replay.engine.scheduler import Scheduler, build_scheduler
 from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
 from replay.engine.trace_input import TraceArrays, trace_arrays
 from replay.ingest.schema import TraceMetadata
@@ -39,18 +39,6 @@ class RunSummary:
 
     outdir: Path
     run_info: dict
-
-
-def _build_scheduler(config: EngineConfig, setup: EngineSetup, sampler: AcceptanceSampler | None) -> Scheduler:
-    """One replica's scheduler with its own KV cache and G2 tier (replicas share nothing else)."""
-    kv = kv_cache_manager_for(config, setup.num_gpu_blocks)
-    offload = None
-    if config.host_offload is not None:
-        from replay.engine.offload import OffloadManager
-
-        offload = OffloadManager(config.host_offload, kv, setup.kv_bytes_per_token)
-    limits = scheduler_limits_for(config, setup.num_gpu_blocks, setup.max_model_len)
-    return Scheduler(limits, kv, sampler, offload)
 
 
 def find_unreplayable(trace: TraceArrays, selected: np.ndarray, config: EngineConfig,
@@ -161,7 +149,8 @@ def build_fleet_parts(trace: TraceArrays, config: EngineConfig, setup: EngineSet
         sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
     fleet = config.fleet
     num_replicas = fleet.replicas if fleet is not None else 1
-    schedulers = [_build_scheduler(config, setup, sampler) for _ in range(num_replicas)]
+    schedulers = [build_scheduler(config, setup.num_gpu_blocks, setup.max_model_len, sampler=sampler,
+                                  kv_bytes_per_token=setup.kv_bytes_per_token) for _ in range(num_replicas)]
     plan = plan_arrivals(trace, config.load, config.seed, selected)
     router = None
     if fleet is not None and num_replicas > 1:

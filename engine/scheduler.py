@@ -13,6 +13,7 @@ from itertools import islice
 
 from replay.engine.config import EngineConfig
 from replay.engine.kv_cache_manager import KVCacheManager
+from replay.engine.offload import OffloadManager
 from replay.engine.request import Request, RequestStatus
 from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
 from replay.engine.waiting_queue import FCFSQueue, PriorityQueue
@@ -522,11 +523,17 @@ def scheduler_limits_for(config: EngineConfig, num_gpu_blocks: int, max_model_le
     )
 
 
-def build_scheduler(config: EngineConfig, num_gpu_blocks: int, max_model_len: int) -> tuple[Scheduler, int]:
-    """A scheduler without host offload, and the hash lookahead its requests' BlockKeys need."""
+def build_scheduler(config: EngineConfig, num_gpu_blocks: int, max_model_len: int, *,
+                    sampler: AcceptanceSampler | None = None, kv_bytes_per_token: int = 0) -> Scheduler:
+    """One replica's scheduler as ``replay run`` builds it: its own KV cache and, with
+    ``host_offload``, its own G2 tier (replicas share nothing else). ``sampler`` draws MTP
+    acceptance (a fleet's replicas share one); built from the config when not given.
+    ``kv_bytes_per_token`` prices G2 copies (the config's own figure when 0)."""
     kv = kv_cache_manager_for(config, num_gpu_blocks)
-    sampler = None
-    if config.speculative is not None:
+    if sampler is None and config.speculative is not None:
         sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
+    offload = None
+    if config.host_offload is not None:
+        offload = OffloadManager(config.host_offload, kv, kv_bytes_per_token or config.kv_bytes_per_token())
     limits = scheduler_limits_for(config, num_gpu_blocks, max_model_len)
-    return Scheduler(limits, kv, sampler), kv.hash_lookahead
+    return Scheduler(limits, kv, sampler, offload)

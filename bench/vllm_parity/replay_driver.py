@@ -1,6 +1,7 @@
 """Our engine on a parity workload, in the same lock-step loop as the vLLM driver.
 
-The scheduler is built exactly as `replay run` builds it (replay.engine.scheduler.build_scheduler from an
+The scheduler is built exactly as `replay run` builds it (replay.engine.scheduler.build_scheduler, the
+factory `replay run` itself calls, from an
 EngineConfig), then stepped one step per step with no timing: schedule(), then
 update_from_output(), recording the tables of bench/vllm_parity/tables.py.
 """
@@ -47,7 +48,8 @@ def engine_config(w: Workload, models_root: Path) -> EngineConfig:
 
 def run_replay(w: Workload, rows: list[dict], models_root: Path) -> Tables:
     config = engine_config(w, models_root)
-    sched, hash_lookahead = build_scheduler(config, w.num_gpu_blocks, max_model_len=MAX_MODEL_LEN)
+    sched = build_scheduler(config, w.num_gpu_blocks, max_model_len=MAX_MODEL_LEN)
+    hash_lookahead = sched.kv.hash_lookahead
     inputs = request_inputs(w, rows)
     lengths = [len(x["hash_ids"]) for x in inputs]
     offsets = np.zeros(len(inputs) + 1, dtype=np.int64)

@@ -22,7 +22,8 @@ from replay.engine.scheduler import Scheduler, build_scheduler
 def _scheduler(tmp_path, num_gpu_blocks: int) -> tuple[Scheduler, int]:
     w = Workload(name="t", start=0, rows=0, num_gpu_blocks=num_gpu_blocks, **_mtp(2, 2))
     w = Workload.from_json({**w.to_json(), "acceptance_rates": [0.0, 0.0]})  # every draft rejected
-    return build_scheduler(engine_config(w, tmp_path), num_gpu_blocks, max_model_len=131072)
+    sched = build_scheduler(engine_config(w, tmp_path), num_gpu_blocks, max_model_len=131072)
+    return sched, sched.kv.hash_lookahead
 
 
 def _request(i: int, prompt: int, out: int, lookahead: int) -> Request:

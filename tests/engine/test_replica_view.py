@@ -40,7 +40,7 @@ def fleet(tmp_path):
     rec = Recorder(trace_arrays(table, meta.hash_block_size), tmp_path, replica_column=True)
     cores = []
     for replica, ids in enumerate(([1, 2, 3, 4], [1, 2])):
-        sched, _ = build_scheduler(EngineConfig(), USABLE + 1, 1 << 20)
+        sched = build_scheduler(EngineConfig(), USABLE + 1, 1 << 20)
         core = EngineCore(replica, sched, FixedTimer(), rec)
         core.receive(_req(replica, ids), 0.0, OPEN, 1)
         end, completes = core.begin(0.0, horizon=lambda c: 0.0, next_event=lambda c: math.inf)

@@ -20,7 +20,7 @@ from tests.engine_helpers import FixedTimer, make_trace
 def _core(tmp_path, num_gpu_blocks: int) -> EngineCore:
     from replay.engine.trace_input import trace_arrays
 
-    sched, _ = build_scheduler(EngineConfig(), num_gpu_blocks, 1 << 20)
+    sched = build_scheduler(EngineConfig(), num_gpu_blocks, 1 << 20)
     table, meta = make_trace([dict(arrival_ms=0, input_tokens=160, output_tokens=4, hash_ids=list(range(10)))])
     rec = Recorder(trace_arrays(table, meta.hash_block_size), tmp_path)
     return EngineCore(0, sched, FixedTimer(), rec, check_invariants=True)
