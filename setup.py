@@ -60,22 +60,15 @@ def _packages() -> list[str]:
     found = []
     for package, folder in PACKAGE_DIRS.items():
         found.append(package)
-        for sub in find_namespace_packages(where=str(HERE / folder), exclude=["*__pycache__*"]):
-            name = f"{package}.{sub}"
-            if not any(name == p or name.startswith(p + ".") for p in PACKAGE_DIRS if p != package
-                       and p.startswith(package + ".")):
-                found.append(name)
-    return sorted(set(found))
+        found += [f"{package}.{sub}" for sub in find_namespace_packages(where=str(HERE / folder),
+                                                                      exclude=["*__pycache__*"])]
+    return sorted(found)
 
 
 def _source_path(module: str) -> Path:
-    """replay.engine.timing.aic_decode -> <checkout>/engine/timing/aic_decode.py"""
-    parts = module.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        package = ".".join(parts[:cut])
-        if package in PACKAGE_DIRS:
-            return HERE.joinpath(PACKAGE_DIRS[package], *parts[cut:]).with_suffix(".py")
-    raise ValueError(module)
+    """replay.engine.timing.aic_decode -> <checkout>/engine/timing/aic_decode.py (every compiled
+    module is in the engine, as engine/native.py names them)."""
+    return HERE.joinpath(PACKAGE_DIRS["replay.engine"], *module.split(".")[2:]).with_suffix(".py")
 
 
 def _manifest() -> str:
@@ -87,6 +80,11 @@ class OptionalBuildExt(build_ext):
     """build_ext that falls back to pure Python when compiling fails (no compiler, no headers), and
     records the compiled sources beside the extension modules it wrote."""
 
+    built = False
+
+    def _manifest_path(self) -> Path:
+        return Path(self.get_ext_fullpath("replay.engine.request")).parent / MANIFEST_NAME  # engine/
+
     def run(self) -> None:
         try:
             super().run()
@@ -95,15 +93,13 @@ class OptionalBuildExt(build_ext):
             return
         if not self.extensions:
             return
-        engine_dir = Path(self.get_ext_fullpath("replay.engine.request")).parent
-        engine_dir.mkdir(parents=True, exist_ok=True)
-        (engine_dir / MANIFEST_NAME).write_text(_manifest())
+        self._manifest_path().parent.mkdir(parents=True, exist_ok=True)
+        self._manifest_path().write_text(_manifest())
+        self.built = True
 
     def get_outputs(self) -> list[str]:
         outputs = super().get_outputs()
-        if self.extensions:
-            outputs.append(str(Path(self.get_ext_fullpath("replay.engine.request")).parent / MANIFEST_NAME))
-        return outputs
+        return [*outputs, str(self._manifest_path())] if self.built else outputs
 
 
 def _staged_tree() -> Path:

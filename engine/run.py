@@ -25,7 +25,8 @@ from replay.engine.recorder import Recorder
 from replay.engine.routers import Router, RouterContext, build_router
 from replay.engine.run_info import ReplayFacts, build_run_info, trace_fingerprint
 from replay.engine.run_setup import EngineSetup, resolve_setup
-from replay.engine.scheduler import Scheduler, build_scheduler
+from replay.engine.scheduler import Scheduler
+from replay.engine.scheduler_factory import build_scheduler
 from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
 from replay.engine.trace_input import TraceArrays, trace_arrays
 from replay.ingest.schema import TraceMetadata

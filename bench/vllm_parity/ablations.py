@@ -58,9 +58,9 @@ def _cache_when_computed_past_lookahead() -> None:
 
 def _lookahead_k_always() -> None:
     """Rule 4 undone: the hash lookahead is k whatever the MTP head's layer count."""
-    import replay.engine.scheduler as s
+    import replay.engine.scheduler_factory as factory
 
-    s.prefill_lookahead = lambda config: config.speculative.num_speculative_tokens if config.speculative else 0
+    factory.prefill_lookahead = lambda config: config.speculative.num_speculative_tokens if config.speculative else 0
 
 
 ABLATIONS: dict[str, Callable[[], None]] = {

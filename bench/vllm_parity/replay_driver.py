@@ -1,6 +1,6 @@
 """Our engine on a parity workload, in the same lock-step loop as the vLLM driver.
 
-The scheduler is built exactly as `replay run` builds it (replay.engine.scheduler.build_scheduler, the
+The scheduler is built exactly as `replay run` builds it (replay.engine.scheduler_factory.build_scheduler, the
 factory `replay run` itself calls, from an
 EngineConfig), then stepped one step per step with no timing: schedule(), then
 update_from_output(), recording the tables of bench/vllm_parity/tables.py.
@@ -18,7 +18,7 @@ from bench.vllm_parity.workloads import BLOCK_SIZE, HASH_BLOCK_SIZE, Workload, r
 from replay.engine.block_keys import BlockKeys
 from replay.engine.config import EngineConfig
 from replay.engine.request import Request
-from replay.engine.scheduler import build_scheduler
+from replay.engine.scheduler_factory import build_scheduler
 from replay.engine.trace_input import chained_ids, is_chained, shared_lead
 
 MAX_STEPS = 200_000

@@ -16,7 +16,8 @@ from bench.vllm_parity.replay_driver import engine_config
 from bench.vllm_parity.workloads import Workload, _mtp
 from replay.engine.block_keys import BlockKeys
 from replay.engine.request import Request
-from replay.engine.scheduler import Scheduler, build_scheduler
+from replay.engine.scheduler import Scheduler
+from replay.engine.scheduler_factory import build_scheduler
 
 
 def _scheduler(tmp_path, num_gpu_blocks: int) -> tuple[Scheduler, int]:

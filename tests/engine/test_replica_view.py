@@ -12,7 +12,7 @@ from replay.engine.core import OPEN, EngineCore
 from replay.engine.recorder import Recorder
 from replay.engine.replica_view import ReplicaView
 from replay.engine.request import Request
-from replay.engine.scheduler import build_scheduler
+from replay.engine.scheduler_factory import build_scheduler
 from replay.engine.trace_input import trace_arrays
 from tests.engine_helpers import FixedTimer, make_trace, run_small
 

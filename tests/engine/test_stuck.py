@@ -13,7 +13,7 @@ from replay.engine.config import EngineConfig
 from replay.engine.core import EngineCore
 from replay.engine.recorder import Recorder
 from replay.engine.request import Request
-from replay.engine.scheduler import build_scheduler
+from replay.engine.scheduler_factory import build_scheduler
 from tests.engine_helpers import FixedTimer, make_trace
 
 
