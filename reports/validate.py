@@ -91,6 +91,28 @@ def _names(model: str | None) -> str:
     return (model or "").rstrip("/").split("/")[-1].lower()
 
 
+def modeled_model_names(model: str | None) -> set[str]:
+    """The names a log may give the modeled model: its config string, the catalog's canonical name,
+    and for a Hugging Face ``config.json`` path the folder it sits in and its ``_name_or_path`` (a
+    server started from that folder logs one of those, never "config.json")."""
+    names = {_names(model)}
+    if not model:
+        return names
+    path = Path(model).expanduser()
+    if path.name.lower() == "config.json":
+        names.add(_names(path.parent.name))
+    elif path.is_dir():
+        names.add(_names(path.name))
+    try:
+        from replay.engine.models import get_model
+
+        names.add(_names(get_model(model).name))
+    except ReplayError:
+        pass  # a config.json that has moved since the run: the path's names above still count
+    names.discard("")
+    return names
+
+
 def condition_differences(info: dict[str, Any], meta: TraceMetadata | None,
                           models: list[str]) -> tuple[list[str], list[str]]:
     """(what differs between this replay and the run that produced the log, what the log does not record)."""
@@ -130,7 +152,8 @@ def condition_differences(info: dict[str, Any], meta: TraceMetadata | None,
         diffs.append(f"the replay stopped after {trace['replayed_rows']} of {trace['rows']} requests "
                      "(load.max_requests): later arrivals did not load the server")
     logged = sorted({m for m in models if m} | ({source["model_id"]} if source.get("model_id") else set()))
-    if logged and all(_names(m) != _names(config.get("model")) for m in logged):
+    modeled = modeled_model_names(config.get("model"))
+    if logged and all(_names(m) not in modeled for m in logged):
         diffs.append(f"the log was served by {', '.join(logged)}; the replay modeled {config.get('model')}")
     elif not logged:
         unrecorded.append("the served model")

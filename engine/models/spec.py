@@ -132,14 +132,29 @@ def _int(cfg: Mapping[str, Any], key: str, source: str, default: int | None = No
     return value
 
 
+# Keys a Hub config.json may omit because the transformers config class has a default for them
+# (transformers' Gemma2Config / Gemma3TextConfig): without these a Gemma 3 text_config would lack its
+# vocabulary, length and head size, and every Gemma would be counted with an untied LM head.
+HF_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma": {"tie_word_embeddings": True, "head_dim": 256},
+    "gemma2": {"tie_word_embeddings": True, "head_dim": 256},
+    "gemma3_text": {"tie_word_embeddings": True, "head_dim": 256, "vocab_size": 262208,
+                    "max_position_embeddings": 131072},
+}
+
+
 def spec_from_hf_config(cfg: Mapping[str, Any], *, name: str, source: str,
                         aic_name: str | None = None) -> ModelSpec:
-    """Build a ModelSpec from Hugging Face config.json keys (Llama, Qwen3, Qwen3-MoE, DeepSeek-V3, MiMo)."""
+    """Build a ModelSpec from Hugging Face config.json keys (Llama, Mistral, Mixtral, Qwen2/3, Qwen3-MoE,
+    Gemma 2/3, DeepSeek-V3, MiMo)."""
     if not isinstance(cfg, Mapping):
         raise ConfigError(f"{source}: a model config must be a JSON/YAML object")
+    archs = cfg.get("architectures") or ["unknown"]
     if "text_config" in cfg and "num_hidden_layers" not in cfg:
         cfg = cfg["text_config"]  # multimodal wrappers keep the language model under text_config
-    archs = cfg.get("architectures") or ["unknown"]
+        if not isinstance(cfg, Mapping):
+            raise ConfigError(f"{source}: field 'text_config' must be an object")
+    cfg = {**HF_CLASS_DEFAULTS.get(str(cfg.get("model_type", "")), {}), **cfg}
     layers = _int(cfg, "num_hidden_layers", source)
     hidden = _int(cfg, "hidden_size", source)
     nq = _int(cfg, "num_attention_heads", source)
@@ -165,6 +180,9 @@ def spec_from_hf_config(cfg: Mapping[str, Any], *, name: str, source: str,
             step = _int(cfg, "decoder_sparse_step", source, 1) or 1
             mlp_only = set(cfg.get("mlp_only_layers") or [])
             dense_layers = sum(1 for i in range(layers) if i in mlp_only or (i + 1) % step != 0)
+    moe_width = _int(cfg, "moe_intermediate_size", source, 0) if num_experts else 0
+    if num_experts and not moe_width and "num_local_experts" in cfg:
+        moe_width = _int(cfg, "intermediate_size", source)  # Mixtral: every expert is a full-width MLP
     quant = cfg.get("quantization_config") or {}
     checkpoint_dtype = "fp8" if isinstance(quant, Mapping) and quant.get("quant_method") == "fp8" else "bf16"
     return ModelSpec(
@@ -182,7 +200,7 @@ def spec_from_hf_config(cfg: Mapping[str, Any], *, name: str, source: str,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         num_experts=num_experts,
         experts_per_token=_int(cfg, "num_experts_per_tok", source, 0) if num_experts else 0,
-        moe_intermediate_size=_int(cfg, "moe_intermediate_size", source, 0) if num_experts else 0,
+        moe_intermediate_size=moe_width,
         num_shared_experts=_int(cfg, "n_shared_experts", source, 0) or 0,
         num_dense_layers=dense_layers,
         q_lora_rank=_int(cfg, "q_lora_rank", source, 0) or 0,

@@ -6,7 +6,7 @@ Per tensor-parallel rank, in ms:
   prefill     per request causal pairs (``prefill_attn_work``, never averaged across chunks) at
               eta_a * peak, or the cached-prefix KV stream at eta_m * bw when that is longer
   decode      each request's KV streamed once at eta_m * bw (or its attention FLOPs, for MLA)
-  comm        two all-reduces per layer over NVLink when tp > 1
+  comm        two all-reduces per layer over the TP link (NVLink, PCIe or xGMI) when tp > 1
   overheads   L * tau_layer (GPU) + host overhead per step
   drafter     k MTP passes: one drafter layer + LM head each (first over all scheduled tokens)
 
@@ -145,7 +145,7 @@ class RooflineTimer:
         if tp > 1:
             self._ar_lat = 2 * L * p.allreduce_latency_us * 1e-3
             self._ar_c = 2 * L * (2.0 * (tp - 1) / tp) * model.hidden_size * _ACT_BYTES * 1e3 \
-                / (p.eta_nvlink * hw.gpu.nvlink_bw_per_dir.value)
+                / (p.eta_nvlink * hw.tp_link_bw(tp))
         else:
             self._ar_lat = self._ar_c = 0.0
         self._layer_ms = L * p.tau_layer_us * 1e-3

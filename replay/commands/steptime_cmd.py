@@ -43,12 +43,58 @@ _PART_LABELS = {
 }
 
 
+def print_models() -> None:
+    """The model catalog: name, architecture, size, and what KV a token costs (BF16, TP1)."""
+    from replay.engine.models import get_model, list_models
+
+    table = Table(title="model catalog (--model also takes a Hugging Face config.json path)")
+    for col in ("model", "architecture", "params", "layers", "heads q/kv", "experts", "KV bytes/token",
+                "max len"):
+        table.add_column(col, justify="left" if col in ("model", "architecture") else "right")
+    for name in list_models():
+        m = get_model(name)
+        experts = f"{m.experts_per_token}/{m.num_experts}" if m.is_moe else "-"
+        kv = m.kv_elems_per_token_per_layer(1) * 2 * m.num_layers
+        table.add_row(name, m.architecture, f"{m.total_params / 1e9:.1f}B", str(m.num_layers),
+                      f"{m.num_q_heads}/{m.num_kv_heads}", experts, f"{kv:,}", f"{m.max_position_embeddings:,}")
+    _print_wide(table)
+
+
+def _print_wide(table: Table) -> None:
+    """A catalog listing is read in full: names are never cut to fit a narrow (or piped) console."""
+    from rich.console import Console
+
+    Console(width=max(console.width, 150), force_terminal=console.is_terminal).print(table)
+
+
+def print_hardware() -> None:
+    """The shipped hardware profiles: peaks, memory, TP link, and whether the timing is calibrated."""
+    from replay.engine.hardware import get_hardware, list_hardware
+
+    table = Table(title="hardware profiles (hardware: also takes the path of a profile YAML; docs/timing.md)")
+    for col in ("hardware", "BF16 TFLOPS", "FP8 TFLOPS", "memory GB", "memory TB/s", "TP link", "GB/s/dir",
+                "timing"):
+        table.add_column(col, justify="left" if col in ("hardware", "TP link", "timing") else "right")
+    for name in list_hardware():
+        hw = get_hardware(name)
+        g = hw.gpu
+        calibrated = "uncalibrated" not in hw.timing.eta_compute.source.lower() \
+            and "guess" not in hw.timing.eta_compute.source.lower()
+        table.add_row(name, f"{g.bf16_dense_flops.value / 1e12:,.0f}", f"{g.fp8_dense_flops.value / 1e12:,.0f}",
+                      f"{g.hbm_bytes.value / 1e9:,.0f}", f"{g.hbm_bw.value / 1e12:.2f}", g.tp_link,
+                      f"{hw.tp_link_bw(2) / 1e9:,.0f}" + (" per link" if g.tp_link == "xgmi" else ""),
+                      "fitted (kernel data)" if calibrated else "uncalibrated")
+    _print_wide(table)
+
+
 def steptime(
-    model: str = typer.Option("meta-llama/Llama-3.1-8B", "--model", "-m", help="Catalog name, alias or config.json path."),
+    model: str = typer.Option("meta-llama/Llama-3.1-8B", "--model", "-m",
+                              help="Catalog name or alias (--list-models), or a config.json path."),
     prefill: list[str] = typer.Option([], "--prefill", "-p", help="N new tokens, or N@CACHED. Repeatable."),
     decode: list[str] = typer.Option([], "--decode", "-d", help="BxCONTEXT decodes (e.g. 64x2048). Repeatable."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
-    hardware: str = typer.Option("h200_sxm", "--hardware", help="Hardware profile."),
+    hardware: str = typer.Option("h200_sxm", "--hardware",
+                                 help="Hardware profile name (--list-hardware) or profile YAML path."),
     dtype: str = typer.Option("bf16", "--dtype", help="Weight dtype: bf16 or fp8."),
     kv_dtype: str = typer.Option("auto", "--kv-dtype", help="KV cache dtype: auto, bf16 or fp8."),
     drafts: int = typer.Option(0, "--drafts", "-k", help="MTP draft tokens per decode (speculative decoding)."),
@@ -57,8 +103,18 @@ def steptime(
     profile: Path | None = typer.Option(None, "--profile", help="Calibrated profile YAML (replay calibrate)."),
     host_overhead_ms: float | None = typer.Option(None, "--host-overhead-ms", help="Override the per-step host overhead."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    list_models: bool = typer.Option(False, "--list-models", help="List the model catalog and exit."),
+    list_hardware: bool = typer.Option(False, "--list-hardware", help="List the hardware profiles and exit."),
 ) -> None:
-    """Predict one forward step's time and its breakdown (GPU time = step_ms - host_overhead_ms)."""
+    """Predict one forward step's time and its breakdown (GPU time = step_ms - host_overhead_ms).
+    --list-models and --list-hardware show the catalog."""
+    if list_models or list_hardware:
+        with user_errors():
+            if list_models:
+                print_models()
+            if list_hardware:
+                print_hardware()
+        return
     with user_errors():
         from replay.engine.config import EngineConfig
         from replay.engine.timing import build_timer, shape_from_requests

@@ -57,3 +57,35 @@ def test_drafts_need_an_mtp_head_or_synthetic():
                                   ["--decode", "1", "--dtype", "fp4"]])
 def test_user_errors_exit_2(args):
     assert runner.invoke(app, ["steptime", *args]).exit_code == 2
+
+
+def test_list_models_and_hardware_show_the_catalog():
+    from replay.engine.hardware import list_hardware
+    from replay.engine.models import list_models
+
+    res = runner.invoke(app, ["steptime", "--list-models"])
+    assert res.exit_code == 0, res.output
+    for name in list_models():
+        assert name in res.output
+    res = runner.invoke(app, ["steptime", "--list-hardware"])
+    assert res.exit_code == 0, res.output
+    for name in list_hardware():
+        assert name in res.output
+    assert "uncalibrated" in res.output and "pcie" in res.output
+    helptext = runner.invoke(app, ["steptime", "--help"]).output
+    assert "--list-models" in helptext and "--list-hardware" in helptext
+
+
+def test_steptime_on_a_profile_file_and_a_bad_one(tmp_path):
+    from importlib.resources import files
+
+    good = tmp_path / "gpu.yaml"
+    good.write_text((files("replay.engine.hardware") / "profiles" / "l40s.yaml").read_text())
+    res = runner.invoke(app, ["steptime", "--hardware", str(good), "--decode", "8x1024", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["step_ms"] > 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("  hbm_bw:", "  hbm_bandwidth:"))
+    res = runner.invoke(app, ["steptime", "--hardware", str(bad), "--decode", "8x1024"])
+    assert res.exit_code == 2
+    assert "gpu.hbm_bandwidth: unknown key" in res.output and "gpu.hbm_bw: missing" in res.output

@@ -169,3 +169,25 @@ def test_outputs_never_land_on_inputs(aiperf_run: Path, tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["validate", str(aiperf_run), "-m", str(measured), "--json", str(measured),
                                    "-o", str(tmp_path / "v.md")])
     assert res.exit_code == 2 and measured.read_bytes() == before and not (tmp_path / "v.md").exists()
+
+
+def test_a_config_json_of_the_served_model_is_not_a_different_model(tmp_path: Path) -> None:
+    """A replay modeled from the served checkpoint's own config.json (a path) must not report "served by
+    X, modeled .../config.json"; a genuinely different model still is."""
+    from replay.reports.validate import condition_differences
+
+    cfg = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+           "max_position_embeddings": 131072}
+    folder = tmp_path / "Llama-3.1-8B-Instruct"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    other = tmp_path / "checkpoint"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({**cfg, "_name_or_path": "meta-llama/Llama-3.1-8B-Instruct"}))
+    served = ["meta-llama/Llama-3.1-8B-Instruct"]
+    for model in (str(folder / "config.json"), str(folder), str(other / "config.json")):
+        diffs, _ = condition_differences({"config": {"model": model}}, None, served)
+        assert not any("served by" in d for d in diffs), (model, diffs)
+    diffs, _ = condition_differences({"config": {"model": str(folder / "config.json")}}, None, ["Qwen/Qwen3-8B"])
+    assert any("served by Qwen/Qwen3-8B" in d for d in diffs)
