@@ -1,8 +1,10 @@
 """``replay plan TRACE -c base.yaml --slo ttft_p99=2000 --vary fleet.replicas=1..128``: fewest GPUs per
-combination of the other grid values that meets the SLO."""
+combination of the other grid values that meets the SLO. Without ``-o`` the runs go to a temporary
+directory, removed at the end: the answer is printed."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import typer
@@ -18,21 +20,26 @@ def plan(
     config: Path | None = typer.Option(None, "--config", "-c", help="Base engine config YAML."),
     set_: list[str] = typer.Option([], "--set", help="Override a base config key, as `replay run --set`."),
     slo: str = typer.Option(..., "--slo", help="Constraints to meet, e.g. ttft_p99=2000,tpot_p99=50 (ms)."),
-    vary: str = typer.Option(..., "--vary", help="The monotone key and its candidates, e.g. fleet.replicas=1..128."),
+    vary: list[str] = typer.Option(..., "--vary", help="A key that sets the GPU count and its candidates, e.g. "
+                                   "fleet.replicas=1..128; repeat it for a grid (e.g. prefill and decode replicas): "
+                                   "the answer is the candidate with the fewest GPUs in total."),
     grid: list[str] = typer.Option([], "--grid", help="Other keys: one answer per combination. " + GRID_HELP),
     goal: str = typer.Option("min", "--goal", help="min: smallest passing value (more is better, e.g. replicas); "
                                                   "max: largest passing value (more is worse, e.g. load.speedup)."),
-    on_violation: str = typer.Option("warn", "--on-violation", help="When the runs contradict monotonicity: warn "
-                                     "(flag the answer) or scan (run every value below the answer; smallest passing wins)."),
-    outdir: Path = typer.Option(..., "--output", "-o", help="Sweep directory (shared store: reruns reuse every run)."),
+    search: str = typer.Option("auto", "--search", help="auto: bisect, then scan every cheaper candidate when the runs "
+                               "contradict monotonicity; bisect: trust bisection (contradictions are only flagged); "
+                               "scan: every candidate in order of GPUs until one passes (right on any curve)."),
+    outdir: Path | None = typer.Option(None, "--output", "-o", help="Sweep directory (shared store: reruns reuse "
+                                       "every run). Without it the runs go to a temporary directory, removed after "
+                                       "the answer is printed."),
     summary_only: bool = typer.Option(False, "--summary-only", help="Keep only the summary rows, not each run's outdir."),
     ray: str | None = typer.Option(None, "--ray", help=RAY_HELP),
     workers: int | None = typer.Option(None, "--workers", "-j", min=1, help="Local worker processes (default: all cores)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or tables."),
 ) -> None:
-    """Bisect the monotone --vary key for the fewest GPUs (replicas x tensor_parallel_size) meeting --slo."""
+    """The fewest GPUs (replicas x tensor_parallel_size, over every pool) meeting --slo among the --vary candidates."""
     from replay.sweep.grid import parse_axes, parse_axis
-    from replay.sweep.plan import answer_rows
+    from replay.sweep.plan import SEARCHES, answer_rows
     from replay.sweep.plan import plan as run_plan
     from replay.sweep.plan_output import write_plan
     from replay.sweep.progress import RichProgress
@@ -42,35 +49,47 @@ def plan(
     with user_errors():
         if goal not in ("min", "max"):
             raise ReplayError("--goal takes min or max")
-        if on_violation not in ("warn", "scan"):
-            raise ReplayError("--on-violation takes warn or scan")
+        if search not in SEARCHES:
+            raise ReplayError(f"--search takes {', '.join(SEARCHES)}")
         sweep_slo = parse_sweep_slo(slo)
         if not sweep_slo.constraints:
             raise ReplayError("--slo needs at least one <metric>_<stat>=ms constraint, e.g. ttft_p99=2000")
-        vary_axis = parse_axis(vary, "--vary")
-        _check_numeric(vary_axis)
+        vary_axes = [parse_axis(v, "--vary") for v in vary]
+        for axis in vary_axes:
+            _check_numeric(axis)
+        if len({a.key for a in vary_axes}) < len(vary_axes):
+            raise ReplayError("--vary: each key once")
+        if goal == "max" and len(vary_axes) > 1:
+            raise ReplayError("--goal max takes one --vary key")
         others = parse_axes(grid)
-        if vary_axis.key in {a.key for a in others}:
-            raise ReplayError(f"--vary {vary_axis.key} is also a --grid key")
-        session = SweepSession.open(trace, config, outdir, sweep_slo,
-                                    SweepOptions(ray=ray, workers=workers, summary_only=summary_only),
-                                    overrides=set_)
-        session.write_definition({"command": "plan", "vary": vary, "grid": grid, "goal": goal})
-        try:
-            if quiet:
-                outcome = run_plan(session, vary_axis, others, goal, on_violation, NoProgress())
-            else:
-                with RichProgress(console, "plan") as bar:
-                    outcome = run_plan(session, vary_axis, others, goal, on_violation, bar)
-        except KeyboardInterrupt:
-            raise ReplayError(f"interrupted: finished runs are kept in {outdir}; rerun the same command to "
-                              "resume (finished runs are reused)") from None
-        finally:
-            session.close()
-        rows = answer_rows(outcome, session)
-        paths = write_plan(session, others + [vary_axis], outcome, rows)
+        both = {a.key for a in vary_axes} & {a.key for a in others}
+        if both:
+            raise ReplayError(f"--vary {sorted(both)[0]} is also a --grid key")
+        with tempfile.TemporaryDirectory(prefix="replay-plan-") as scratch:
+            where = outdir if outdir is not None else Path(scratch) / "plan"
+            session = SweepSession.open(trace, config, where, sweep_slo,
+                                        SweepOptions(ray=ray, workers=workers,
+                                                     summary_only=summary_only or outdir is None),
+                                        overrides=set_)
+            session.write_definition({"command": "plan", "vary": vary, "grid": grid, "goal": goal,
+                                      "search": search})
+            try:
+                if quiet:
+                    outcome = run_plan(session, vary_axes, others, goal, search, NoProgress())
+                else:
+                    with RichProgress(console, "plan") as bar:
+                        outcome = run_plan(session, vary_axes, others, goal, search, bar)
+            except KeyboardInterrupt:
+                kept = f"finished runs are kept in {outdir}; rerun" if outdir else "rerun with -o DIR to keep runs and"
+                raise ReplayError(f"interrupted: {kept} the same command to resume (finished runs are reused)") from None
+            finally:
+                session.close()
+            rows = answer_rows(outcome, session)
+            paths = write_plan(session, others + vary_axes, outcome, rows) if outdir is not None else None
     if not quiet:
-        _print(rows, vary_axis.key, [a.key for a in others], session, paths)
+        _print(rows, [a.key for a in vary_axes], [a.key for a in others], session, paths)
+    elif outdir is None:
+        _print_answers(rows, [a.key for a in vary_axes], [a.key for a in others])
 
 
 def _check_numeric(axis) -> None:
@@ -79,25 +98,49 @@ def _check_numeric(axis) -> None:
         raise ReplayError(f"--vary {axis.key}: the values must be numbers (e.g. 1..64 or 1,2,4,8)")
 
 
-def _print(rows, key: str, others: list[str], session, paths) -> None:
-    table = Table(title=f"plan: {session.slo.text()}", title_justify="left")
-    for col in [*others, key, "gpus", "runs", "monotone"]:
-        table.add_column(col.rsplit(".", 1)[-1], justify="right")
+def _answer(row, keys: list[str]) -> str:
+    if not row["feasible"]:
+        return "none in range"
+    return ", ".join(f"{k}={row[k]}" for k in keys) if len(keys) > 1 else str(row[keys[0]])
+
+
+def _print_answers(rows, keys: list[str], others: list[str]) -> None:
+    """One plain line per answer (--quiet without -o: the answer is the only output)."""
     for row in rows:
-        answer = str(row[key]) if row["feasible"] else "none in range"
-        table.add_row(*(str(row[c]) for c in others), answer, str(row["gpus"] or "-"), str(row["runs"]),
-                      "yes" if row["monotone"] else "[yellow]no[/]")
+        where = ", ".join(f"{c}={row[c]}" for c in others)
+        gpus = f" ({row['gpus']} GPUs)" if row["feasible"] else ""
+        console.print(f"{where + ': ' if where else ''}{_answer(row, keys)}{gpus}", highlight=False)
+
+
+def _print(rows, keys: list[str], others: list[str], session, paths) -> None:
+    table = Table(title=f"plan: {session.slo.text()}", title_justify="left")
+    for col in [*others, *keys, "gpus", "runs", "search", "monotone"]:
+        table.add_column(col.rsplit(".", 1)[-1] if col in others else col, justify="right")
+    for row in rows:
+        answer = [str(row[k]) for k in keys] if row["feasible"] else ["none in range"] + ["-"] * (len(keys) - 1)
+        table.add_row(*(str(row[c]) for c in others), *answer, str(row["gpus"] or "-"), str(row["runs"]),
+                      row["search"], "yes" if row["monotone"] else "[yellow]no[/]")
     console.print(table)
     for row in rows:
         where = ", ".join(f"{c}={row[c]}" for c in others)
         prefix = f"{where}: " if where else ""
         if row["deciding_pass"]:
-            console.print(f"{prefix}{key}={row[key]} passes ({row['deciding_pass']})"
-                          + (f", {key}={row['deciding_fail_value']} fails ({row['deciding_fail']})"
-                             if row["deciding_fail"] else ", the smallest candidate"), highlight=False)
+            at = ", ".join(f"{k}={row[k]}" for k in keys)
+            if not row["deciding_fail"]:
+                why = "the cheapest candidate"
+            elif row["scanned"]:
+                why = f"scanned: every cheaper candidate ran and failed, the last {row['deciding_fail_value']}"
+            else:
+                why = f"bisection: {row['deciding_fail_value']} fails"
+            console.print(f"{prefix}{at} passes with {row['gpus']} GPUs ({why})", highlight=False)
+        elif row["scanned"]:
+            console.print(f"{prefix}every candidate ran and failed", highlight=False)
         if row["violations"]:
-            console.print(f"[yellow]warning: not monotone[/] {prefix}{row['violations']}", highlight=False)
-    console.print(f"answers -> [bold]{paths[0]}[/], every run -> [bold]{paths[1]}[/]")
+            console.print(f"[yellow]not monotone[/] {prefix}{row['violations']}", highlight=False)
+    if paths is not None:
+        console.print(f"answers -> [bold]{paths[0]}[/], every run -> [bold]{paths[1]}[/]")
+    else:
+        console.print("(runs made in a temporary directory, now removed: pass -o DIR to keep them)")
 
 
 def register(app: typer.Typer) -> None:

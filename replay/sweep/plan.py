@@ -1,15 +1,28 @@
-"""`replay plan`: the smallest value of a monotone key (fleet.replicas, a cache size...) that meets the
-SLO, per combination of the other grid values, by bisection over the key's candidate values.
+"""`replay plan`: the fewest GPUs that meet the SLO, per combination of the other grid values.
 
-Assumption: along the key, meeting the SLO is monotone (``goal='min'``: fail...fail pass...pass as the
-value grows, e.g. more replicas; ``goal='max'``: pass...pass fail...fail, e.g. a higher load.speedup).
-Each round runs, per undecided combination, up to ``k`` probes evenly spaced in its open interval
-(k = idle workers per combination, so the pool stays busy: plain bisection when there is one worker
-per combination). Monotonicity is checked on every run made (``check_monotone``); see docs/sweep.md.
+The varied keys (``--vary``, one or more) span a grid of candidates, each with a GPU count known
+before it runs (``SweepSession.point_gpus``). Per combination of the ``--grid`` keys (a *group*, one
+answer each) the answer is the candidate with the fewest GPUs that passes (ties: the earlier
+candidate in grid order). Two searches find it:
+
+- **bisection** along the last varied key, once per *line* (a combination of the other varied keys):
+  right when passing is monotone along that key (fail...fail pass...pass as the value grows), with a
+  logarithmic number of runs. Each round runs, per undecided line, up to ``k`` probes evenly spaced
+  in its open interval (k = idle workers per line, so the pool stays busy). The group's answer is the
+  cheapest line answer: every line is searched, so nothing is assumed along the other keys.
+- **scan**: every candidate in order of GPUs, ``workers`` at a time, until one passes; everything
+  cheaper than the answer ran and failed, so it is right on any curve.
+
+``search='auto'`` (the default) bisects, also runs each line's cheapest candidate in the first round
+(a pass there ends the line at once), then checks every run it made against monotonicity
+(``check_monotone``); a group whose runs contradict it is scanned below its bisection answer (all of
+it when no line passed). ``'bisect'`` trusts the bisection and only flags contradictions;
+``'scan'`` scans from the start. Each answer row says which search decided it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -17,26 +30,55 @@ from replay.sweep.grid import Axis, Point, Value, product
 from replay.sweep.runner import PointResult, Progress, SweepSession
 
 Goal = Literal["min", "max"]
+Search = Literal["auto", "bisect", "scan"]
+SEARCHES = ("auto", "bisect", "scan")
 METRIC_TOLERANCE = 0.05  # a constrained metric may worsen by 5% between probes before it counts as non-monotone
 
 
 @dataclass
-class Combo:
-    """One combination of the other grid values and its bisection state over ``values`` (ordered so
-    that passing is expected at the high end)."""
+class Line:
+    """The candidates along the last varied key for fixed values of the grid keys and of the other
+    varied keys (``others``), ordered so that passing is expected at the high end; the bisection
+    state over them."""
 
     others: Point
     values: list[Value]
+    gpus: list[float]             # GPUs of each candidate (inf: its config does not validate)
     results: dict[int, PointResult] = field(default_factory=dict)
     lo: int = -1                  # highest index known to fail (-1: none)
     hi: int | None = None         # lowest index known to pass (None: not yet known)
     infeasible: bool = False
     violations: list[str] = field(default_factory=list)
-    scanned: bool = False
 
     @property
     def decided(self) -> bool:
         return self.infeasible or (self.hi is not None and self.hi - self.lo <= 1)
+
+    def point(self, key: str, i: int) -> Point:
+        return (*self.others, (key, self.values[i]))
+
+
+@dataclass
+class Group:
+    """One combination of the ``--grid`` keys: its lines, one answer, and how it was found."""
+
+    grid: Point
+    lines: list[Line]
+    search: str = "bisection"     # what decided the answer: bisection, scan, or bisection, then scan
+    answer: tuple[int, int] | None = None        # (line, index)
+    deciding_fail: tuple[int, int] | None = None
+
+    def order(self) -> list[tuple[int, int]]:
+        """Every candidate, cheapest first (ties: line order, then value order)."""
+        cands = [(li, i) for li, line in enumerate(self.lines) for i in range(len(line.values))]
+        return sorted(cands, key=lambda c: (self.lines[c[0]].gpus[c[1]], c[0], c[1]))
+
+    def cost(self, c: tuple[int, int]) -> tuple[float, int, int]:
+        return self.lines[c[0]].gpus[c[1]], c[0], c[1]
+
+    @property
+    def scanned(self) -> bool:
+        return "scan" in self.search
 
 
 def _spaced(lo: int, hi: int, k: int) -> list[int]:
@@ -49,94 +91,168 @@ def _spaced(lo: int, hi: int, k: int) -> list[int]:
     return sorted({lo + round((hi - lo) * j / (k + 1)) for j in range(1, k + 1)} - {lo, hi})
 
 
-def _probes(c: Combo, k: int) -> list[int]:
-    n = len(c.values)
-    if c.hi is None:  # first: is the top feasible at all? the rest of this round bisects below it
-        return [n - 1, *_spaced(c.lo, n - 1, k - 1)]
-    return _spaced(c.lo, c.hi, k)
+def _probes(line: Line, k: int, with_cheapest: bool) -> list[int]:
+    n = len(line.values)
+    if line.hi is None and not line.results:  # first: is the top feasible at all? (and the cheapest)
+        first = [n - 1, 0] if with_cheapest and n > 1 else [n - 1]
+        return first + [i for i in _spaced(line.lo, n - 1, k - len(first)) if i not in first]
+    if line.hi is None:
+        return []  # the top failed: nothing to bisect
+    return _spaced(line.lo, line.hi, k)
 
 
 def _passes(res: PointResult, session: SweepSession) -> bool:
     return bool(res.metrics) and session.slo.met(res.metrics) is True
 
 
-def _update(c: Combo, session: SweepSession) -> None:
-    ok = {i: _passes(r, session) for i, r in c.results.items()}
+def _update(line: Line, session: SweepSession) -> None:
+    ok = {i: _passes(r, session) for i, r in line.results.items()}
     passing = [i for i, p in ok.items() if p]
-    if c.hi is None and not ok.get(len(c.values) - 1, True):
-        c.infeasible = True
-        return
-    c.hi = min(passing) if passing else c.hi
-    if c.hi is not None:
-        c.lo = max((i for i, p in ok.items() if not p and i < c.hi), default=-1)
+    if passing:
+        line.hi = min(passing)
+        line.lo = max((i for i, p in ok.items() if not p and i < line.hi), default=-1)
+    elif not ok.get(len(line.values) - 1, True):
+        line.infeasible = True
 
 
-def check_monotone(c: Combo, session: SweepSession) -> list[str]:
-    """Every pair of runs of this combination that contradicts monotonicity: a failing run at a value
+def check_monotone(line: Line, session: SweepSession) -> list[str]:
+    """Every pair of runs of this line that contradicts monotonicity: a failing run at a value
     beyond a passing one, or a constrained metric that worsens by more than METRIC_TOLERANCE as the
     value moves toward the passing end."""
     found: list[str] = []
-    items = sorted(c.results.items())
+    items = sorted(line.results.items())
     first_pass = next((i for i, r in items if _passes(r, session)), None)
     if first_pass is not None:
         for i, r in items:
             if i > first_pass and not _passes(r, session):
-                found.append(f"{c.values[i].label} fails although {c.values[first_pass].label} passes")
+                found.append(f"{line.values[i].label} fails although {line.values[first_pass].label} passes")
     runs = [(i, r.metrics) for i, r in items if r.metrics]
     for key in session.slo.constraints:
         for (i, a), (j, b) in zip(runs, runs[1:]):
             va, vb = a.get(key), b.get(key)
             if va is not None and vb is not None and vb > va * (1 + METRIC_TOLERANCE) + 1e-9:
-                found.append(f"{key} rises from {va:,.4g} at {c.values[i].label} to {vb:,.4g} at {c.values[j].label}")
+                found.append(f"{key} rises from {va:,.4g} at {line.values[i].label} to {vb:,.4g} "
+                             f"at {line.values[j].label}")
     return found
 
 
 @dataclass
 class PlanOutcome:
-    vary: Axis
+    vary: list[Axis]
     goal: Goal
-    combos: list[Combo]
-    results: list[PointResult]     # every run made, combination by combination, in value order
+    groups: list[Group]
+    results: list[PointResult]     # every run made, group by group, line by line, in value order
 
-    def answer(self, c: Combo) -> PointResult | None:
-        return None if c.infeasible or c.hi is None else c.results[c.hi]
-
-    def deciding_fail_run(self, c: Combo) -> PointResult | None:
-        return c.results.get(c.lo) if c.lo >= 0 else None
+    def result(self, g: Group, c: tuple[int, int] | None) -> PointResult | None:
+        return None if c is None else g.lines[c[0]].results.get(c[1])
 
 
-def plan(session: SweepSession, vary: Axis, others: list[Axis], goal: Goal = "min",
-         on_violation: Literal["warn", "scan"] = "warn", progress: Progress | None = None) -> PlanOutcome:
-    values = list(vary.values) if goal == "min" else list(reversed(vary.values))
-    combos = [Combo(others=p, values=values) for p in product(others)]
+def _point_gpus(session: SweepSession, point: Point) -> float:
+    gpus = getattr(session, "point_gpus", None)
+    got = gpus(point) if gpus is not None else None
+    return math.inf if got is None else float(got)
+
+
+def _groups(session: SweepSession, vary: list[Axis], others: list[Axis], goal: Goal) -> list[Group]:
+    last = vary[-1]
+    values = list(last.values) if goal == "min" else list(reversed(last.values))
+    groups = []
+    for grid in product(others):
+        lines = []
+        for lead in product(vary[:-1]):
+            others_point = (*grid, *lead)
+            gpus = [_point_gpus(session, (*others_point, (last.key, v))) for v in values]
+            lines.append(Line(others=others_point, values=values, gpus=gpus))
+        groups.append(Group(grid=grid, lines=lines))
+    return groups
+
+
+def _bisect(session: SweepSession, key: str, lines: list[Line], with_cheapest: bool,
+            progress: Progress | None) -> None:
     workers = session.parallelism()
     while True:
-        active = [c for c in combos if not c.decided]
+        active = [line for line in lines if not line.decided]
         if not active:
-            break
+            return
         k = max(1, workers // len(active))
-        batch: list[tuple[Combo, int]] = [(c, i) for c in active for i in _probes(c, k) if i not in c.results]
+        batch = [(line, i) for line in active for i in _probes(line, k, with_cheapest) if i not in line.results]
         if not batch:  # nothing new to learn (cannot happen with a consistent state): stop rather than loop
-            break
-        got = session.run_points([(*c.others, (vary.key, c.values[i])) for c, i in batch], progress)
-        for (c, i), res in zip(batch, got):
-            c.results[i] = res
-        for c in active:
-            _update(c, session)
-    for c in combos:
-        c.violations = check_monotone(c, session)
-        if c.violations and on_violation == "scan" and not c.infeasible:
-            upto = c.hi if c.hi is not None else len(values) - 1
-            missing = [i for i in range(upto) if i not in c.results]
-            got = session.run_points([(*c.others, (vary.key, c.values[i])) for i in missing], progress)
-            c.results.update(zip(missing, got))
-            c.scanned = True
-            first = next((i for i in sorted(c.results) if _passes(c.results[i], session)), None)
-            c.hi, c.infeasible = first, first is None
-            c.lo = first - 1 if first else -1
-            c.violations = check_monotone(c, session)
-    ordered = [r for c in combos for _, r in sorted(c.results.items(), key=lambda kv: _natural(kv[0], goal, values))]
-    return PlanOutcome(vary, goal, combos, ordered)
+            return
+        got = session.run_points([line.point(key, i) for line, i in batch], progress)
+        for (line, i), res in zip(batch, got):
+            line.results[i] = res
+        for line in active:
+            _update(line, session)
+
+
+def _first_pass(g: Group, session: SweepSession) -> tuple[int, int] | None:
+    """The cheapest passing candidate among the runs made."""
+    passing = [(li, i) for li, line in enumerate(g.lines) for i, r in line.results.items() if _passes(r, session)]
+    return min(passing, key=g.cost) if passing else None
+
+
+def _scan(session: SweepSession, key: str, groups: list[Group], progress: Progress | None) -> None:
+    """Run every candidate cheaper than each group's best pass, cheapest first, until one passes."""
+    workers = session.parallelism()
+    todo = {id(g): g for g in groups}
+    while todo:
+        k = max(1, workers // len(todo))
+        batch: list[tuple[Group, int, int]] = []
+        for g in list(todo.values()):
+            best = _first_pass(g, session)
+            cheaper = [c for c in g.order() if best is None or g.cost(c) < g.cost(best)]
+            untried = [c for c in cheaper if c[1] not in g.lines[c[0]].results]
+            if not untried:
+                del todo[id(g)]
+                continue
+            batch += [(g, li, i) for li, i in untried[:k]]
+        if not batch:
+            return
+        got = session.run_points([g.lines[li].point(key, i) for g, li, i in batch], progress)
+        for (g, li, i), res in zip(batch, got):
+            g.lines[li].results[i] = res
+
+
+def _decide(g: Group, session: SweepSession) -> None:
+    """The group's answer and the failing run beside it."""
+    if g.scanned:
+        g.answer = _first_pass(g, session)
+        tried = [c for c in g.order() if c[1] in g.lines[c[0]].results]
+        below = [c for c in tried if g.answer is None or g.cost(c) < g.cost(g.answer)]
+        g.deciding_fail = below[-1] if below else None
+        return
+    answers = [(li, line.hi) for li, line in enumerate(g.lines) if not line.infeasible and line.hi is not None]
+    g.answer = min(answers, key=g.cost) if answers else None
+    if g.answer is not None:
+        lo = g.lines[g.answer[0]].lo
+        g.deciding_fail = (g.answer[0], lo) if lo >= 0 else None
+
+
+def plan(session: SweepSession, vary: Axis | list[Axis], others: list[Axis], goal: Goal = "min",
+         search: Search = "auto", progress: Progress | None = None) -> PlanOutcome:
+    vary = [vary] if isinstance(vary, Axis) else list(vary)
+    key = vary[-1].key
+    groups = _groups(session, vary, others, goal)
+    lines = [line for g in groups for line in g.lines]
+    if search != "scan":
+        _bisect(session, key, lines, search == "auto", progress)
+    for line in lines:
+        line.violations = check_monotone(line, session)
+    if search == "scan":
+        for g in groups:
+            g.search = "scan"
+    elif search == "auto":
+        for g in groups:
+            if any(line.violations for line in g.lines):
+                g.search = "bisection, then scan"
+    _scan(session, key, [g for g in groups if g.scanned], progress)
+    for g in groups:
+        for line in g.lines:
+            line.violations = check_monotone(line, session)
+        _decide(g, session)
+    ordered = [r for g in groups for line in g.lines
+               for _, r in sorted(line.results.items(), key=lambda kv: _natural(kv[0], goal, line.values))]
+    return PlanOutcome(vary, goal, groups, ordered)
 
 
 def _natural(i: int, goal: Goal, values: list[Value]) -> int:
@@ -144,24 +260,45 @@ def _natural(i: int, goal: Goal, values: list[Value]) -> int:
     return i if goal == "min" else len(values) - 1 - i
 
 
+def _labels(line: Line, i: int, vary: list[Axis]) -> dict[str, Any]:
+    keys = {a.key for a in vary}
+    out = {k: v.label for k, v in line.others if k in keys}
+    out[vary[-1].key] = line.values[i].label
+    return out
+
+
 def answer_rows(outcome: PlanOutcome, session: SweepSession) -> list[dict[str, Any]]:
-    """One row per combination: the answer, its GPUs, and the runs that decided it."""
+    """One row per group: the answer (a value per varied key), its GPUs, how it was found, and the runs
+    that decided it."""
     rows = []
-    for c in outcome.combos:
-        ans, fail = outcome.answer(c), outcome.deciding_fail_run(c)
-        row: dict[str, Any] = {k: v.label for k, v in c.others}
-        row[outcome.vary.key] = None if ans is None else c.values[c.hi].label
+    vary = outcome.vary
+    for g in outcome.groups:
+        ans, fail = outcome.result(g, g.answer), outcome.result(g, g.deciding_fail)
+        row: dict[str, Any] = {k: v.label for k, v in g.grid}
+        at = _labels(g.lines[g.answer[0]], g.answer[1], vary) if g.answer else {}
+        for axis in vary:
+            row[axis.key] = at.get(axis.key)
         row["gpus"] = None if ans is None else ans.metrics["gpus"]
         row["feasible"] = ans is not None
-        row["monotone"] = not c.violations
-        row["scanned"] = c.scanned
-        row["runs"] = len(c.results)
+        row["monotone"] = not any(line.violations for line in g.lines)
+        row["scanned"] = g.scanned
+        row["search"] = g.search
+        row["runs"] = sum(len(line.results) for line in g.lines)
         row["deciding_pass"] = None if ans is None else session.where(ans)
         row["deciding_fail"] = None if fail is None else session.where(fail)
-        row["deciding_fail_value"] = None if fail is None else c.values[c.lo].label
-        for key in session.slo.constraints:
-            row[f"{key}_at_answer"] = None if ans is None else ans.metrics.get(key)
-            row[f"{key}_at_fail"] = None if fail is None or not fail.metrics else fail.metrics.get(key)
-        row["violations"] = "; ".join(c.violations) or None
+        if g.deciding_fail is None:
+            row["deciding_fail_value"] = None
+        else:
+            failed = _labels(g.lines[g.deciding_fail[0]], g.deciding_fail[1], vary)
+            row["deciding_fail_value"] = (failed[vary[0].key] if len(vary) == 1
+                                          else ", ".join(f"{k}={v}" for k, v in failed.items()))
+        for metric in session.slo.constraints:
+            row[f"{metric}_at_answer"] = None if ans is None else ans.metrics.get(metric)
+            row[f"{metric}_at_fail"] = None if fail is None or not fail.metrics else fail.metrics.get(metric)
+        notes = []
+        for line in g.lines:
+            where = ", ".join(f"{k}={v.label}" for k, v in line.others if k in {a.key for a in vary})
+            notes += [f"{where}: {v}" if where else v for v in line.violations]
+        row["violations"] = "; ".join(notes) or None
         rows.append(row)
     return rows

@@ -30,6 +30,7 @@ from replay.sweep.store import (
     config_hash,
     result_key,
 )
+from replay.sweep.summary import gpus_used
 from replay.sweep.table import build_table, write_table
 
 
@@ -146,6 +147,11 @@ class SweepSession:
             return PointResult(point, None, None, {"metrics": None, "error": str(exc)})
         dumped = cfg.model_dump(mode="json")
         return PointResult(point, result_key(self.fingerprint, config_hash(dumped)), dumped, {})
+
+    def point_gpus(self, point: Point) -> int | None:
+        """The GPUs a point's config uses (None: the config does not validate), known before it runs."""
+        res = self.resolve(point)
+        return None if res.config is None else gpus_used(res.config)
 
     def run_points(self, points: list[Point], progress: Progress | None = None) -> list[PointResult]:
         """Results for ``points`` (in order): stored ones reused, missing ones run on the executor."""

@@ -28,11 +28,18 @@ METRIC_COLUMNS: dict[str, str] = {**dict.fromkeys(_COUNTS, "int"), **dict.fromke
 
 
 def gpus_used(config: dict[str, Any]) -> int:
-    """Replicas (``fleet.replicas``, 1 without a fleet section) x tensor_parallel_size, from the dumped
-    config, so it holds before and after the fleet exists."""
+    """GPUs of a dumped config, so it holds before and after the fleet exists: replicas (``fleet.replicas``,
+    1 without a fleet section) x tensor_parallel_size; a fleet of pools (e.g. ``fleet.prefill`` and
+    ``fleet.decode``, each a mapping with its own ``replicas``) counts every pool's replicas, each at
+    its own ``tensor_parallel_size`` when it sets one."""
+    tp = int(config.get("tensor_parallel_size") or 1)
     fleet = config.get("fleet") or {}
-    replicas = fleet.get("replicas", 1) if isinstance(fleet, dict) else 1
-    return int(replicas or 1) * int(config.get("tensor_parallel_size") or 1)
+    if not isinstance(fleet, dict):
+        return tp
+    pools = [p for p in fleet.values() if isinstance(p, dict) and "replicas" in p]
+    if pools:
+        return sum(int(p.get("replicas") or 0) * int(p.get("tensor_parallel_size") or tp) for p in pools)
+    return int(fleet.get("replicas", 1) or 1) * tp
 
 
 def summarize(outdir: str | Path, config: dict[str, Any], slo: SweepSlo) -> dict[str, Any]:

@@ -23,9 +23,13 @@ from tests.sweep_helpers import SAMPLE, write_canonical
 class ScriptedSession:
     """Stands in for SweepSession: a run's p99 TTFT is a given function of the varied value."""
 
-    def __init__(self, ttft_of, workers: int = 1, slo: str = "ttft_p99=100") -> None:
+    def __init__(self, ttft_of, workers: int = 1, slo: str = "ttft_p99=100", gpus_of=None) -> None:
         self.ttft_of, self.workers, self.slo = ttft_of, workers, parse_sweep_slo(slo)
+        self.gpus_of = gpus_of or (lambda labels: labels["r"])
         self.probed: list[tuple] = []
+
+    def point_gpus(self, point) -> int:
+        return self.gpus_of({k: v.label for k, v in point})
 
     def parallelism(self) -> int:
         return self.workers
@@ -39,13 +43,14 @@ class ScriptedSession:
             labels = {k: v.label for k, v in p}
             self.probed.append(tuple(labels.values()))
             ttft = self.ttft_of(labels)
-            metrics = {"completed": 1, "rejected": 0, "unfinished": 0, "ttft_p99": ttft, "gpus": labels["r"]}
+            metrics = {"completed": 1, "rejected": 0, "unfinished": 0, "ttft_p99": ttft, "gpus": self.gpus_of(labels)}
             out.append(PointResult(p, f"k{len(self.probed)}", {}, {"metrics": metrics, "error": None}))
         return out
 
 
 def _answers(session, vary="r=1..64", grid=(), **kw):
-    outcome = plan(session, parse_axis(vary, "--vary"), [parse_axis(g) for g in grid], **kw)
+    axes = [parse_axis(v, "--vary") for v in ([vary] if isinstance(vary, str) else vary)]
+    outcome = plan(session, axes, [parse_axis(g) for g in grid], **kw)
     return answer_rows(outcome, session)
 
 
@@ -54,15 +59,18 @@ def _answers(session, vary="r=1..64", grid=(), **kw):
 def test_bisection_finds_the_first_passing_value(threshold, workers):
     session = ScriptedSession(lambda x: 50.0 if x["r"] >= threshold else 500.0 / x["r"] + 200, workers)
     (row,) = _answers(session)
-    assert row["r"] == threshold and row["feasible"] and row["monotone"]
-    assert len(session.probed) <= 2 + 7 * workers  # logarithmic, not a scan of 64 values
+    assert row["r"] == threshold and row["feasible"] and row["monotone"] and row["search"] == "bisection"
+    assert len(session.probed) <= 3 + 7 * workers  # logarithmic, not a scan of 64 values
     if threshold > 1:
         assert row["deciding_fail_value"] == threshold - 1  # the run just below decided it
 
 
 def test_infeasible_and_goal_max():
-    (row,) = _answers(ScriptedSession(lambda x: 1000.0))
+    (row,) = _answers(ScriptedSession(lambda x: 1000.0), search="bisect")
     assert not row["feasible"] and row["r"] is None and row["runs"] == 1
+    # auto also runs the cheapest value: failing too, with no better metric there, the range is infeasible
+    (row,) = _answers(ScriptedSession(lambda x: 1000.0))
+    assert not row["feasible"] and row["runs"] == 2 and row["search"] == "bisection"
     # goal=max: passing while the value is at most 40 (e.g. the load a replica count can carry)
     (row,) = _answers(ScriptedSession(lambda x: 50.0 if x["r"] <= 40 else 150.0), goal="max")
     assert row["r"] == 40 and row["deciding_fail_value"] == 41
@@ -74,16 +82,87 @@ def test_one_answer_per_combination_of_the_other_keys():
     assert [(r["w"], r["r"]) for r in rows] == [(1, 24), (2, 12), (3, 8)]
 
 
-def test_a_contradiction_is_reported_and_scan_recovers_the_smallest_pass():
+def test_a_contradiction_is_reported_and_the_cheaper_values_are_scanned():
     # Passes at 5..7 and from 20 up. Bisection never probes 5..7 and answers 20; what gives it away is
     # the failing runs it did make, whose p99 TTFT rises with the value (a trend monotone data cannot
-    # have). With --on-violation scan every value below 20 is run and 5 wins.
+    # have). --search bisect reports that; auto then runs every value below 20, and 5 wins.
     def ttft(x):
         return 50.0 if 5 <= x["r"] <= 7 or x["r"] >= 20 else 100.0 + 10 * x["r"]
-    (row,) = _answers(ScriptedSession(ttft))
-    assert row["r"] == 20 and not row["monotone"] and "rises" in row["violations"]
-    (row,) = _answers(ScriptedSession(ttft), on_violation="scan")
-    assert row["r"] == 5 and row["scanned"]
+    (row,) = _answers(ScriptedSession(ttft), search="bisect")
+    assert row["r"] == 20 and not row["monotone"] and "rises" in row["violations"] and not row["scanned"]
+    session = ScriptedSession(ttft)
+    (row,) = _answers(session)
+    assert row["r"] == 5 and row["scanned"] and row["search"] == "bisection, then scan"
+    assert row["deciding_fail_value"] == 4 and {(v,) for v in range(1, 5)} <= set(session.probed)
+
+
+def test_a_curve_that_rises_with_gpus_answers_the_cheapest():
+    """p99 TTFT rising with replicas (session traffic losing its cache hits): the top fails, so
+    bisection alone calls the range infeasible; auto's first round also runs the cheapest value."""
+    ttft = lambda x: 70.0 + 20 * x["r"]  # noqa: E731 - passes (<= 100) at r = 1 only
+    (row,) = _answers(ScriptedSession(ttft), vary="r=1..8", search="bisect")
+    assert not row["feasible"]
+    (row,) = _answers(ScriptedSession(ttft), vary="r=1..8")
+    assert row["r"] == 1 and row["feasible"] and not row["monotone"] and row["deciding_fail_value"] is None
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_scan_is_right_on_any_curve(workers):
+    """Pass/fail drawn at random over 1..40: the scan answers the first passing value, having run
+    every value below it and nothing more than one batch beyond."""
+    rng = np.random.default_rng(7)
+    for trial in range(20):
+        passing = rng.random(40) < 0.15
+        ttft = lambda x, passing=passing: 50.0 if passing[x["r"] - 1] else 150.0  # noqa: E731
+        session = ScriptedSession(ttft, workers)
+        (row,) = _answers(session, vary="r=1..40", search="scan")
+        first = int(np.argmax(passing)) + 1 if passing.any() else None
+        assert row["r"] == first and row["search"] == "scan", trial
+        ran = sorted(v for (v,) in session.probed)
+        assert ran[:len(ran)] == list(range(1, len(ran) + 1))  # cheapest first, no gaps
+        assert len(ran) < (first or 40) + workers
+
+
+def test_two_varied_keys_minimize_total_gpus():
+    """Prefill and decode pools: a candidate passes when prefill x decode >= 12 (any mix that makes
+    the capacity) but never with a single prefill replica; its GPUs are prefill + decode. The fewest
+    in total is 3 + 4 = 7 (4 + 3 ties; the earlier line wins)."""
+    def ttft(x):
+        return 50.0 if x["p"] >= 2 and x["p"] * x["d"] >= 12 else 150.0
+    gpus = lambda x: x["p"] + x["d"]  # noqa: E731
+    for search in ("auto", "bisect", "scan"):
+        session = ScriptedSession(ttft, workers=2, gpus_of=gpus)
+        (row,) = _answers(session, vary=["p=1..6", "d=1..8"], search=search)
+        assert (row["p"], row["d"], row["gpus"]) == (3, 4, 7), search
+        if search == "bisect":
+            assert len(session.probed) < 6 * 8 / 2  # a bisection per prefill value, not every pair
+    # Not monotone along decode (d = 5 passes with p = 2, d = 6 fails): auto scans below 2 + 6 = 8
+    # only when the runs give it away; scan always finds 2 + 5 = 7.
+    def odd(x):
+        return 50.0 if (x["p"], x["d"]) == (2, 5) or (x["p"] >= 2 and x["p"] * x["d"] >= 12) else 150.0
+    (row,) = _answers(ScriptedSession(odd, gpus_of=gpus), vary=["p=1..6", "d=1..8"], search="scan")
+    assert (row["p"], row["d"], row["gpus"]) == (2, 5, 7)
+
+
+def test_plan_without_output_prints_the_answer_and_keeps_nothing(tmp_path, monkeypatch):
+    """The sample trace's sessions lose cache hits when spread over more replicas, so p99 TTFT rises with
+    replicas: 1 meets a 200 ms p99 and 8 does not. No -o: the answer is printed, nothing is written
+    in the working directory, and the temporary runs are gone."""
+    import tempfile
+
+    monkeypatch.chdir(tmp_path)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    res = CliRunner().invoke(app, ["plan", str(SAMPLE), "--slo", "ttft_p99=200", "--vary", "fleet.replicas=1..8",
+                                   "-j", "2"])
+    assert res.exit_code == 0, res.output
+    assert "bisection, then scan" in res.output and "temporary directory" in res.output
+    assert "fleet.replicas=1 passes with 1 GPUs" in " ".join(res.output.split())
+    assert list(tmp_path.iterdir()) == [scratch] and not list(scratch.iterdir())
+    res = CliRunner().invoke(app, ["plan", str(SAMPLE), "--slo", "ttft_p99=200", "--vary", "fleet.replicas=1..8",
+                                   "-j", "2", "-q"])
+    assert res.exit_code == 0 and res.output.strip() == "1 (1 GPUs)", res.output
 
 
 def _burst_trace(path: Path, k: int) -> Path:
