@@ -42,6 +42,21 @@ class RunSummary:
     run_info: dict
 
 
+def config_input_files(config: EngineConfig, config_path: str | Path | None = None) -> list[Path]:
+    """Every file a run with ``config`` reads besides the trace: the config file itself, a calibrated
+    timing profile, a model's local ``config.json``. They are the run's inputs, so an output folder
+    that is or holds one of them is refused instead of replaced (replacing it would delete them)."""
+    files = [Path(config_path)] if config_path is not None else []
+    if config.timing.profile is not None:
+        files.append(Path(config.timing.profile).expanduser())
+    model = Path(config.model).expanduser()
+    if model.is_dir():
+        files.append(model / "config.json")
+    elif model.is_file():
+        files.append(model)
+    return files
+
+
 def find_unreplayable(trace: TraceArrays, selected: np.ndarray, config: EngineConfig,
                       setup: EngineSetup) -> dict[int, str]:
     """Requests that can never complete: too long for the model, or larger than the whole KV cache."""
@@ -195,20 +210,22 @@ def store_trace(table: pa.Table, meta: TraceMetadata, trace_path: str | Path | N
 @_with_engine_gc
 def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, outdir: str | Path, *,
                  trace_path: str | Path | None = None, config_source: str | None = None,
-                 on_error: str = "fail", overwrite: bool = True, progress: ProgressFn | None = None,
+                 config_path: str | Path | None = None, on_error: str = "fail", overwrite: bool = True, progress: ProgressFn | None = None,
                  check_invariants: bool = False, setup: EngineSetup | None = None,
                  fast_forward: bool = True) -> RunSummary:
     """Replay ``table`` under ``config`` into ``outdir``; nothing is written unless the run completes.
 
     ``fast_forward=False`` steps through decode-only runs one step at a time (same bytes, slower:
-    kept for the equivalence test).
+    kept for the equivalence test). ``config_path``: the YAML file the config came from, an input
+    like the trace (see ``config_input_files``).
     """
     wall_start = time.perf_counter()
     setup = setup or resolve_setup(config)
     trace = trace_arrays(table, meta.hash_block_size)
     requests = select_requests(trace, config, setup, on_error=on_error, trace_path=trace_path)
     parts = build_fleet_parts(trace, config, setup, requests.selected)
-    with atomic_dir(outdir, overwrite=overwrite, inputs=[trace_path]) as tmp:
+    inputs = [trace_path, *config_input_files(config, config_path)]
+    with atomic_dir(outdir, overwrite=overwrite, inputs=inputs) as tmp:
         recorder = Recorder(trace, tmp, replica_column=len(parts.schedulers) > 1)
         loop = run_fleet(trace, config, setup, parts, requests, recorder, progress=progress,
                          fast_forward=fast_forward, check_invariants=check_invariants)

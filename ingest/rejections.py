@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,7 +61,12 @@ def is_our_side_file(path: Path) -> bool:
 
 def remove_stale_side_file(path: Path) -> bool:
     """Remove a side file left by an earlier ingest to the same output, only if it is ours."""
-    if path.is_file() and not path.is_symlink() and is_our_side_file(path):
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+    except OSError:  # absent, or a name too long to exist (the side file adds 15 characters)
+        return False
+    if is_our_side_file(path):
         path.unlink()
         return True
     return False

@@ -81,7 +81,8 @@ def run(trace: str | Path, config: EngineConfig | str | Path | dict | None = Non
     if outdir is None:
         outdir = Path(tempfile.mkdtemp(prefix="replay-")) / "out"
     progress_fn = progress if callable(progress) else None
+    config_path = config if isinstance(config, (str, Path)) else None
     summary = replay_trace(table, meta, cfg, outdir, trace_path=trace, config_source=source,
-                           on_error=on_error, overwrite=overwrite, progress=progress_fn,
+                           config_path=config_path, on_error=on_error, overwrite=overwrite, progress=progress_fn,
                            check_invariants=check_invariants)
     return RunResult(outdir=Path(summary.outdir), info=summary.run_info)

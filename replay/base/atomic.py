@@ -8,8 +8,14 @@ Output directories carry a marker file (``.replay-output``): ``atomic_dir`` repl
 directory only when it holds that marker (a previous replay output) or is empty, never a directory
 of the user's, never a file, never a path that is or contains one of the command's inputs.
 
+A file output replaces only a regular file: never a symbolic link (it would replace the link, not
+what it points to), a FIFO, a socket or a device node (``-o /dev/null`` run as root would replace
+the system's). A directory output is never a mount point (it cannot be renamed: EBUSY).
+
 Temp names embed our process id (``.<name>.replay-<pid>-XXXX.tmp``), so a later run can recognise
-and remove the temp files of a process that was killed (SIGKILL) before it could clean up.
+and remove the temp files of a process that was killed (SIGKILL) before it could clean up. A long
+output name is shortened inside the temp name, so a valid output name never gives a temp name
+over the filesystem's limit (ENAMETOOLONG).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -43,8 +50,25 @@ def _umask() -> int:
     return mask
 
 
+# Longest file name most filesystems take (NAME_MAX, bytes). A temp name adds the dot, the tag, the
+# pid, mkstemp's 8 random characters and the suffix (at most 40 bytes) to the output's own name.
+_NAME_MAX = 255
+_TMP_EXTRA = 40
+
+
+def _tmp_stem(final: Path) -> str:
+    """The output's name as temp names carry it: whole, or cut (at a character boundary) so that a
+    temp name stays within NAME_MAX bytes."""
+    name = final.name
+    room = _NAME_MAX - _TMP_EXTRA
+    encoded = os.fsencode(name)
+    if len(encoded) <= room:
+        return name
+    return encoded[:room].decode("utf-8", "ignore")
+
+
 def _tmp_prefix(final: Path) -> str:
-    return f".{final.name}.{_TMP_TAG}{os.getpid()}-"
+    return f".{_tmp_stem(final)}.{_TMP_TAG}{os.getpid()}-"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -63,7 +87,7 @@ def remove_stale_temps(final: Path) -> list[Path]:
     Only names of our own making (``.<name>.replay-<pid>-<random>.tmp``) whose process is gone are
     removed; a live process's temp is left alone.
     """
-    pattern = re.compile(re.escape(f".{final.name}.{_TMP_TAG}") + r"(\d+)-[A-Za-z0-9_]+\.tmp")
+    pattern = re.compile(re.escape(f".{_tmp_stem(final)}.{_TMP_TAG}") + r"(\d+)-[A-Za-z0-9_]+\.tmp")
     removed = []
     try:
         entries = list(os.scandir(final.parent))
@@ -103,10 +127,23 @@ def refuse_inputs(final: str | os.PathLike[str], inputs: Iterable[str | os.PathL
 
 def check_output_file(final: str | os.PathLike[str],
                       inputs: Iterable[str | os.PathLike[str] | None] = ()) -> None:
-    """Raise ``OutputError`` when a file output cannot be written: it is an input, or a directory."""
+    """Raise ``OutputError`` when a file output cannot be written: it is an input, a directory, or
+    anything but a regular file (a symbolic link, FIFO, socket or device node is never replaced)."""
     refuse_inputs(final, inputs)
-    if Path(final).is_dir():
+    try:
+        mode = os.lstat(final).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise OutputError(f"{final}: cannot check the output path: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
         raise OutputError(f"{final}: is a directory; give a file name")
+    if stat.S_ISLNK(mode):
+        raise OutputError(f"{final}: is a symbolic link; refusing to replace it (give the file itself, or "
+                          "another name)")
+    if not stat.S_ISREG(mode):
+        raise OutputError(f"{final}: is not a regular file (a FIFO, socket or device node); refusing to "
+                          "replace it: give a file name")
 
 
 @contextlib.contextmanager
@@ -171,6 +208,8 @@ def check_output_dir(final: str | os.PathLike[str], *, overwrite: bool = True,
                           "replay output)")
     if not final.is_dir():
         raise OutputError(f"{shown}: exists and is not a directory; refusing to replace it")
+    if os.path.ismount(final):
+        raise OutputError(f"{shown}: is a mount point, which cannot be replaced; give a directory inside it")
     if not is_replay_output(final) and any(final.iterdir()):
         raise OutputError(f"{shown}: exists and is not a replay output (no {MARKER} marker); refusing to "
                           "replace it: choose another path or empty it yourself")
@@ -218,7 +257,7 @@ def _swap_into_place(tmp: Path, final: Path) -> None:
     if _exchange(tmp, final):
         shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old output
         return
-    aside = Path(tempfile.mkdtemp(prefix=f".{final.name}.{_TMP_TAG}old-{os.getpid()}-", dir=final.parent))
+    aside = Path(tempfile.mkdtemp(prefix=f".{_tmp_stem(final)}.{_TMP_TAG}old-{os.getpid()}-", dir=final.parent))
     os.replace(final, aside / "old")
     os.replace(tmp, final)
     shutil.rmtree(aside, ignore_errors=True)

@@ -21,6 +21,17 @@ def _run_shortcut(trace: Path, config_a: Path | None, config_b: Path | None, set
     except ImportError as exc:
         raise ReplayError(f"the -a/-b shortcut needs the replay engine API (replay.api.run), which is not "
                           f"available: {exc}. Run both configs with `replay run` and diff the two OUTDIRs.") from None
+    from replay.api import resolve_config
+    from replay.base.atomic import check_output_dir
+    from replay.engine.run import config_input_files
+
+    # Both runs' folders are checked before either runs: neither may be, or hold, the trace or a file
+    # either config reads (a config kept under <stem>_runs/ is an input, never replaced).
+    inputs: list[Path] = [trace]
+    for config, overrides in ((config_a, set_a), (config_b, set_b)):
+        inputs += config_input_files(resolve_config(config, overrides)[0], config)
+    for side in ("a", "b"):
+        check_output_dir(runs_dir / side, inputs=inputs)
     outdirs = []
     for side, config, overrides in (("a", config_a, set_a), ("b", config_b, set_b)):
         outdir = runs_dir / side

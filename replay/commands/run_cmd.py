@@ -41,9 +41,11 @@ def run(
     with user_errors():
         if on_error not in ("fail", "skip"):
             raise typer.BadParameter("--on-error takes fail or skip")
-        check_output_dir(outdir, overwrite=overwrite, inputs=[trace, config])  # fail before the long part
         cfg, source = resolve_config(config, set_)
-        from replay.engine.run import replay_trace
+        from replay.engine.run import config_input_files, replay_trace
+
+        # Fail before the long part: never onto the trace, the config or a file the config names.
+        check_output_dir(outdir, overwrite=overwrite, inputs=[trace, *config_input_files(cfg, config)])
         from replay.engine.run_setup import resolve_setup
 
         setup = resolve_setup(cfg)  # first: a timer may go on loading its tables while the trace loads
@@ -52,7 +54,7 @@ def run(
         total = cfg.load.max_requests and min(cfg.load.max_requests, table.num_rows) or table.num_rows
         started = time.perf_counter()
         if quiet:
-            summary = replay_trace(table, meta, cfg, outdir, trace_path=trace, config_source=source,
+            summary = replay_trace(table, meta, cfg, outdir, trace_path=trace, config_source=source, config_path=config,
                                    on_error=on_error, overwrite=overwrite, check_invariants=check, setup=setup)
         else:
             columns = (TextColumn("[bold]replay[/]"), BarColumn(), MofNCompleteColumn(),
@@ -63,7 +65,7 @@ def run(
                 def progress(sim_ms: float, done: int) -> None:
                     bar.update(task, completed=done, sim=f"{sim_ms / 1000:,.1f} s")
 
-                summary = replay_trace(table, meta, cfg, outdir, trace_path=trace, config_source=source,
+                summary = replay_trace(table, meta, cfg, outdir, trace_path=trace, config_source=source, config_path=config,
                                        on_error=on_error, overwrite=overwrite, progress=progress,
                                        check_invariants=check, setup=setup)
         wall = time.perf_counter() - started

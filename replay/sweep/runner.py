@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from replay.api import load_any_trace
-from replay.base.atomic import atomic_path, write_json_atomic
+from replay.base.atomic import atomic_path, refuse_inputs, write_json_atomic
 from replay.base.errors import ConfigError, ReplayError
 from replay.base.version import __version__
 from replay.engine.config import load_config
+from replay.engine.run import config_input_files
 from replay.sweep.executors import Executor, make_executor
 from replay.sweep.grid import Axis, Point, describe, point_config
 from replay.sweep.job import Job
@@ -102,6 +103,8 @@ class SweepSession:
              options: SweepOptions, *, overrides: list[str] | None = None,
              ingest_options: dict | None = None) -> SweepSession:
         base_cfg = load_config(config, overrides)  # the base alone must be valid: errors name the file and key
+        # Run folders are replaced when a config is rerun: never one holding a file the sweep reads.
+        refuse_inputs(Path(sweepdir) / RUNS_DIR, [trace, *config_input_files(base_cfg, config)])
         store = ResultStore.create(sweepdir)
         table, meta = load_any_trace(trace, **(ingest_options or {}))
         fingerprint = _fingerprint(table)

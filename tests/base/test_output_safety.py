@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -299,3 +301,151 @@ def test_signal_removes_temps_keeps_old_output_and_says_so(tmp_path, sig, code, 
                                            "finished ones are unchanged"]
     assert (tmp_path / "big" / "requests.parquet").read_bytes() == before
     assert _leftovers(tmp_path) == []
+
+
+# --- never replace what is not ours: special files as -o, and every file a run reads ---------------
+
+
+def _special_target(kind: str, d: Path) -> Path:
+    """An existing path that is not a regular file: replacing it would lose or break something."""
+    target = d / f"target-{kind}"
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "device":
+        if os.geteuid() != 0:
+            pytest.skip("only root can make a device node")
+        os.mknod(target, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a /dev/null of our own
+    elif kind == "symlink to a file":
+        (d / "real.txt").write_text("keep")
+        target.symlink_to(d / "real.txt")
+    elif kind == "dangling symlink":
+        target.symlink_to(d / "nowhere.txt")
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(target))
+        sock.close()
+    return target
+
+
+def _file_output_commands(trace: Path, run_dir: Path, target: Path) -> dict[str, list[str]]:
+    return {"ingest": ["ingest", str(SAMPLE), "-o", str(target)],
+            "synth": ["synth", "-o", str(target), "--requests", "10"],
+            "report": ["report", str(run_dir), "-o", str(target), "--no-charts"],
+            "export": ["export", str(run_dir), "-f", "vllm-bench", "-o", str(target)],
+            "diff": ["diff", str(run_dir), str(run_dir), "-o", str(target), "--no-charts"]}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "symlink to a file", "dangling symlink", "socket"])
+@pytest.mark.parametrize("command", ["ingest", "synth", "report", "export", "diff"])
+def test_a_file_output_never_replaces_a_special_file_or_a_link(trace, run_dir, tmp_path, kind, command):
+    """-o onto a FIFO, device node, socket or symbolic link is refused in one line (exit 2) and the
+    path is left exactly as it was: replacing /dev/null (as root) or a link's target is data loss."""
+    target = _special_target(kind, tmp_path)
+    before = os.lstat(target)
+    res = _invoke(*_file_output_commands(trace, run_dir, target)[command])
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(target) in lines[0], res.output
+    after = os.lstat(target)
+    assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino)
+    if kind == "symlink to a file":
+        assert (tmp_path / "real.txt").read_text() == "keep"
+    assert _leftovers(tmp_path) == []
+
+
+def _hf_config(path: Path) -> Path:
+    import yaml
+
+    catalog = yaml.safe_load((ROOT / "engine" / "models" / "catalog.yaml").read_text())
+    path.write_text(json.dumps(catalog["models"][0]["config"]))
+    return path
+
+
+def _inputs_in_outdir(out: Path, kind: str) -> tuple[list[str], list[str], Path]:
+    """(-c args, --set args, the input file) for a config-read file kept inside OUTDIR."""
+    if kind == "config":
+        (out / "c.yaml").write_text("seed: 3\n")
+        return ["-c", str(out / "c.yaml")], [], out / "c.yaml"
+    if kind == "timing profile":
+        from replay.engine.timing.profile import FitStats, ProfileParams, TimingProfile, save_profile
+
+        params = ProfileParams(eta_compute=0.6, eta_attention=0.5, eta_memory=0.8, tau_layer_us=5.0,
+                               host_overhead_ms=1.0, allreduce_latency_us=5.0, eta_nvlink=0.7)
+        fit = FitStats(steps_csv="steps.csv", num_steps=10, mape=0.05, max_ape=0.1, mape_before=0.2,
+                       host_overhead_fixed=False)
+        save_profile(TimingProfile(hardware="h200_sxm", model="meta-llama/Llama-3.1-8B", tensor_parallel_size=1,
+                                   dtype="bf16", params=params, fit=fit), out / "p.yaml")
+        return [], [f"timing.profile={out / 'p.yaml'}"], out / "p.yaml"
+    if kind == "model config.json":
+        return [], [f"model={_hf_config(out / 'config.json')}"], out / "config.json"
+    _hf_config(out / "config.json")  # model folder = OUTDIR itself
+    return [], [f"model={out}"], out / "config.json"
+
+
+@pytest.mark.parametrize("kind", ["config", "timing profile", "model config.json", "model folder"])
+@pytest.mark.parametrize("command", ["run", "diff -a", "api"])
+def test_a_file_the_run_reads_is_never_deleted_with_its_output_folder(trace, tmp_path, kind, command):
+    """Every file a run reads (the config, a timing profile, a model's config.json) is an input: an
+    output folder that holds one is refused, never replaced, whichever command runs it."""
+    out = tmp_path / ("d_runs" if command == "diff -a" else "") / ("a" if command == "diff -a" else "out")
+    write_sample_run(out, trace)
+    config_args, sets, kept = _inputs_in_outdir(out, kind)
+    before = kept.read_bytes()
+    if command == "api":
+        from replay.api import run
+        from replay.base.errors import ReplayError
+
+        with pytest.raises(ReplayError, match="holding the input|the output is the input"):
+            run(trace, config_args[1] if config_args else None, overrides=sets, outdir=out)
+    else:
+        args = (["run", str(trace), "-o", str(out), "-q"] if command == "run" else
+                ["diff", str(trace), "-a", config_args[1] if config_args else str(_empty(tmp_path)),
+                 "-o", str(tmp_path / "d.md")])
+        args += config_args if command == "run" else []
+        sets_flag = "--set" if command == "run" else "--set-a"
+        for item in sets:
+            args += [sets_flag, item]
+        res = _invoke(*args)
+        assert res.exit_code == 2, res.output
+        lines = res.output.strip().splitlines()
+        assert lines[-1].startswith("error: ") and str(kept) in lines[-1], res.output
+        assert not (tmp_path / "d.md").exists()
+    assert kept.read_bytes() == before and is_replay_output(out)
+    assert _leftovers(out.parent) == []
+
+
+def _empty(d: Path) -> Path:
+    (d / "empty.yaml").write_text("{}\n")
+    return d / "empty.yaml"
+
+
+def test_sweep_refuses_a_config_kept_in_its_runs_folder(trace, tmp_path):
+    (tmp_path / "sw" / "runs").mkdir(parents=True)
+    kept = tmp_path / "sw" / "runs" / "base.yaml"
+    kept.write_text("seed: 1\n")
+    res = _invoke("sweep", str(trace), "-c", str(kept), "--grid", "seed=1,2", "-o", str(tmp_path / "sw"), "-q")
+    assert res.exit_code == 2 and "holding the input" in res.output, res.output
+    assert kept.read_text() == "seed: 1\n"
+
+
+def test_a_long_valid_output_name_gets_a_short_enough_temp_name(trace, tmp_path):
+    """The temp name adds characters to the output's name: a valid 250-byte name must still work
+    (ENAMETOOLONG otherwise), for a folder and for a file, and stale-temp cleanup still finds it."""
+    long_dir = tmp_path / ("d" * 250)
+    assert _invoke("run", str(trace), "-o", str(long_dir), "-q").exit_code == 0
+    assert is_replay_output(long_dir)
+    long_file = tmp_path / ("f" * 246 + ".parquet")
+    res = _invoke("ingest", str(SAMPLE), "-o", str(long_file))
+    assert res.exit_code == 0, res.output
+    assert long_file.is_file() and _leftovers(tmp_path) == []
+    stem = atomic._tmp_stem(long_dir)
+    assert len(os.fsencode(stem)) + atomic._TMP_EXTRA <= atomic._NAME_MAX
+
+
+def test_a_mount_point_is_refused_as_an_output_folder(tmp_path, monkeypatch, trace):
+    """A mount point cannot be renamed (EBUSY): refused up front in one line, not a traceback."""
+    out = tmp_path / "mnt"
+    out.mkdir()
+    monkeypatch.setattr(os.path, "ismount", lambda p: Path(p) == out)
+    res = _invoke("run", str(trace), "-o", str(out), "-q")
+    assert res.exit_code == 2 and "is a mount point" in res.output, res.output
