@@ -44,11 +44,14 @@ class RunSummary:
 
 def config_input_files(config: EngineConfig, config_path: str | Path | None = None) -> list[Path]:
     """Every file a run with ``config`` reads besides the trace: the config file itself, a calibrated
-    timing profile, a model's local ``config.json``. They are the run's inputs, so an output folder
+    timing profile, a hardware profile YAML, a model's local ``config.json``. They are the run's inputs, so an output folder
     that is or holds one of them is refused instead of replaced (replacing it would delete them)."""
     files = [Path(config_path)] if config_path is not None else []
     if config.timing.profile is not None:
         files.append(Path(config.timing.profile).expanduser())
+    hardware = Path(config.hardware).expanduser()
+    if hardware.is_file():  # a profile YAML (docs/timing.md, "Hardware profiles")
+        files.append(hardware)
     model = Path(config.model).expanduser()
     if model.is_dir():
         files.append(model / "config.json")

@@ -376,13 +376,18 @@ def _inputs_in_outdir(out: Path, kind: str) -> tuple[list[str], list[str], Path]
         save_profile(TimingProfile(hardware="h200_sxm", model="meta-llama/Llama-3.1-8B", tensor_parallel_size=1,
                                    dtype="bf16", params=params, fit=fit), out / "p.yaml")
         return [], [f"timing.profile={out / 'p.yaml'}"], out / "p.yaml"
+    if kind == "hardware profile":
+        shipped = ROOT / "engine" / "hardware" / "profiles" / "h200_sxm.yaml"
+        (out / "gpu.yaml").write_text(shipped.read_text())
+        return [], [f"hardware={out / 'gpu.yaml'}"], out / "gpu.yaml"
     if kind == "model config.json":
         return [], [f"model={_hf_config(out / 'config.json')}"], out / "config.json"
     _hf_config(out / "config.json")  # model folder = OUTDIR itself
     return [], [f"model={out}"], out / "config.json"
 
 
-@pytest.mark.parametrize("kind", ["config", "timing profile", "model config.json", "model folder"])
+@pytest.mark.parametrize("kind", ["config", "timing profile", "hardware profile", "model config.json",
+                                  "model folder"])
 @pytest.mark.parametrize("command", ["run", "diff -a", "api"])
 def test_a_file_the_run_reads_is_never_deleted_with_its_output_folder(trace, tmp_path, kind, command):
     """Every file a run reads (the config, a timing profile, a model's config.json) is an input: an
