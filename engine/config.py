@@ -99,6 +99,11 @@ class TimingConfig(StrictModel):
     backend: Literal["roofline", "aic"] = "roofline"
     profile: str | None = None  # a calibrated profile YAML from `replay calibrate`
     host_overhead_ms: float | None = Field(None, ge=0.0)  # override the per-step host overhead
+    mixed_layer_us: float | None = Field(None, ge=0.0, allow_inf_nan=False)
+    """Extra cost per layer, in us, of every step that carries a prefill chunk (mixed and prefill-only
+    steps run attention outside the CUDA graph decode-only steps replay); overrides the hardware
+    profile's or calibrated profile's value; unset: theirs (0 in every shipped profile). See
+    docs/timing.md, "Mixed and prefill steps"."""
     aic_exact: bool = False
     """Backend aic only: true prices every distinct step with a direct aiconfigurator call, bit for
     bit; false (default) prices decode-only steps from segment lines fitted to aiconfigurator (exact

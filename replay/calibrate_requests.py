@@ -1,13 +1,17 @@
-"""Calibrate the roofline from per-request measurements (TTFT, TPOT), not step telemetry.
+"""Calibrate the roofline from per-request measurements (TTFT, TPOT, server-side phases), not step telemetry.
 
 A request's TTFT and TPOT depend on queueing and batching as much as on step times, so the fit
-replays the whole log for each candidate and compares per request: the objective is the mean of
-TTFT MAPE and TPOT MAPE over the *fit* requests (a deterministic hash of the request id puts
-``holdout`` of them aside); the held-out requests only report the error before and after. Fitted:
-``eta_compute``, ``eta_memory`` (<= 1) and ``host_overhead_ms`` (> 0), by a
-deterministic Nelder-Mead search in log space (no gradient: replay outputs jump where scheduling
-decisions flip). Every evaluation is one full replay: cost =
-evaluations x replay time, printed.
+replays the whole log for each candidate and compares per request: the objective is the mean MAPE of
+TTFT, TPOT and, when the log has vLLM's request spans, the server-side prefill and decode times, over
+the *fit* requests. Those are the rows ``fit_where`` selects (``source_run=...``: one load level of a
+sweep), else all rows; a deterministic hash of the request id puts ``holdout`` of them aside. Every
+other request (other load levels, held-out ones) only reports the error before and after, per level.
+
+Fitted: ``eta_compute``, ``eta_memory``, ``host_overhead_ms`` and, when the log has server-side
+prefill times (or ``fit_mixed``), the mixed-step term ``mixed_layer_us`` (docs/timing.md), each
+inside stated bounds, by a deterministic Nelder-Mead search in log space (no gradient: replay outputs
+jump where scheduling decisions flip). A parameter that ends at a bound is reported as such: the
+data did not pin it. Every evaluation is one full replay: cost = evaluations x replay time, printed.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import dataclasses
 import hashlib
 import math
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,34 +30,53 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replay.base.errors import ConfigError, ReplayError
+from replay.calibration_errors import Errors, LevelErrors, errors, measured_arrays, predicted_arrays
 from replay.engine.config import EngineConfig
 from replay.engine.run import replay_trace
 from replay.engine.run_setup import resolve_setup
 from replay.engine.timing import RooflineParams, RooflineTimer, resolve_drafter
 from replay.ingest.schema import TraceMetadata, read_trace
 
+__all__ = ["BOUNDS", "FITTED", "Errors", "FittedParameter", "LevelErrors", "RequestFit", "calibrate_from_requests",
+           "holdout_mask", "save_request_profile"]
+
 # eta_attention is kept at the run's value: per-request latencies cannot tell attention reads from
 # weight reads at the batch sizes a log holds (fitting both traded one against the other and raised
 # the held-out error on a synthetic log with known constants).
 FITTED = ("eta_compute", "eta_memory", "host_overhead_ms")
-_UPPER = np.array([0.0, 0.0, np.inf])  # log space: efficiencies <= 1
-_FIRST_MOVE = np.array([-1.0, -1.0, 1.0])  # first simplex: efficiencies down, overhead up
-HOST_FLOOR_MS = 1e-3  # log-space search needs a positive host overhead; below this it is reported as is
+MIXED = "mixed_layer_us"
+# Where the search may go. Efficiencies: a fraction of the datasheet peak (at most all of it, at
+# least 5%); host overhead: 1 us to 100 ms a step; mixed-step cost: 0.01 to 1,000 us per layer.
+BOUNDS: dict[str, tuple[float, float]] = {
+    "eta_compute": (0.05, 1.0),
+    "eta_memory": (0.05, 1.0),
+    "host_overhead_ms": (1e-3, 100.0),
+    MIXED: (0.01, 1000.0),
+}
+_FIRST_MOVE = {"eta_compute": -1.0, "eta_memory": -1.0, "host_overhead_ms": 1.0, MIXED: 1.0}
+MIXED_START_US = 5.0  # where the search starts the mixed-step term when the run had none
 START_STEP = math.log(1.5)  # the first simplex moves each parameter by a factor 1.5
 MAX_EVALUATIONS = 80
+AT_BOUND = 1e-3  # within 0.1% of a bound (log space) counts as stuck there
+DEFAULT_LEVEL_COLUMN = "source_run"
 
 
 @dataclass
-class Errors:
-    ttft_mape: float | None
-    tpot_mape: float | None
-    requests: int
-    max_ape: float | None = None
+class FittedParameter:
+    name: str
+    start: float
+    value: float
+    lower: float
+    upper: float
 
     @property
-    def objective(self) -> float:
-        vals = [v for v in (self.ttft_mape, self.tpot_mape) if v is not None]
-        return float(np.mean(vals)) if vals else math.inf
+    def at_bound(self) -> str | None:
+        """"lower" or "upper" when the search ended on that bound (the data did not pin the value)."""
+        if math.log(self.value) - math.log(self.lower) <= AT_BOUND:
+            return "lower"
+        if math.log(self.upper) - math.log(self.value) <= AT_BOUND:
+            return "upper"
+        return None
 
 
 @dataclass
@@ -66,6 +90,14 @@ class RequestFit:
     evaluations: int
     replay_seconds: float
     history: list[tuple[dict[str, float], float]] = field(default_factory=list, repr=False)
+    fitted: list[FittedParameter] = field(default_factory=list)
+    levels: list[LevelErrors] = field(default_factory=list)
+    level_column: str | None = None
+    fit_where: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def stuck(self) -> list[FittedParameter]:
+        return [p for p in self.fitted if p.at_bound]
 
 
 def holdout_mask(request_ids: list[str], fraction: float, seed: int) -> np.ndarray:
@@ -77,31 +109,45 @@ def holdout_mask(request_ids: list[str], fraction: float, seed: int) -> np.ndarr
                      < limit for rid in request_ids])
 
 
-def _measured(table: pa.Table, measured: pa.Table | None) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(measured TTFT, measured TPOT) in trace order (NaN where absent) and the request ids."""
-    ids = table.column("request_id").to_pylist()
-    src = measured if measured is not None else table
-    if not {"measured_ttft_ms", "measured_tpot_ms"} & set(src.column_names):
-        raise ReplayError("no measured_ttft_ms / measured_tpot_ms columns to calibrate against; ingest a log "
-                          "with per-request latencies (docs/validate.md) or give --measured FILE")
-    pos = {rid: i for i, rid in enumerate(src.column("request_id").to_pylist())}
-
-    def col(name: str) -> np.ndarray:
-        if name not in src.column_names:
-            return np.full(len(ids), np.nan)
-        values = src.column(name).cast(pa.float64()).to_numpy(zero_copy_only=False)
-        return np.array([values[pos[r]] if r in pos else np.nan for r in ids], dtype=np.float64)
-
-    return col("measured_ttft_ms"), col("measured_tpot_ms"), ids
+def _labels(ids: list[str], sources: list[pa.Table], column: str) -> np.ndarray | None:
+    """A column's values as strings in trace order, from the first table that has it (None: none has)."""
+    for src in sources:
+        if column in src.column_names:
+            pos = {rid: i for i, rid in enumerate(src.column("request_id").cast(pa.string()).to_pylist())}
+            values = src.column(column).cast(pa.string()).to_pylist()
+            return np.array([values[pos[r]] if r in pos and values[pos[r]] is not None else "(none)"
+                             for r in ids], dtype=object)
+    return None
 
 
-def _apes(pred: np.ndarray, meas: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    ok = mask & np.isfinite(pred) & np.isfinite(meas) & (meas > 0)
-    return np.abs(pred[ok] - meas[ok]) / meas[ok]
+def parse_fit_where(items: list[str], ids: list[str], sources: list[pa.Table]) -> tuple[np.ndarray, dict[str, list[str]]]:
+    """``COLUMN=VALUE`` conditions -> a row mask. Values of one column are alternatives (OR); different
+    columns must all match (AND). Errors name the column or list the values present."""
+    wanted: dict[str, list[str]] = {}
+    for item in items:
+        column, sep, value = item.partition("=")
+        column = column.strip()
+        if not sep or not column:
+            raise ConfigError(f"--fit-where {item!r}: expected COLUMN=VALUE, e.g. source_run=constant@2.00")
+        wanted.setdefault(column, []).append(value.strip())
+    mask = np.ones(len(ids), dtype=bool)
+    for column, values in wanted.items():
+        labels = _labels(ids, sources, column)
+        if labels is None:
+            present = sorted({c for s in sources for c in s.column_names})
+            raise ConfigError(f"--fit-where {column}=...: the log has no column {column!r} "
+                              f"(columns: {', '.join(present)})")
+        hit = np.isin(labels, values)
+        if not hit.any():
+            seen = list(dict.fromkeys(labels.tolist()))
+            raise ConfigError(f"--fit-where {column}: no request has {' or '.join(map(repr, values))}; values present: "
+                              + ", ".join(map(repr, seen[:20])) + (" ..." if len(seen) > 20 else ""))
+        mask &= hit
+    return mask, wanted
 
 
 class _Replayer:
-    """One config and trace; replays with given roofline parameters and returns per-request TTFT/TPOT."""
+    """One config and trace; replays with given roofline parameters and returns per-request predictions."""
 
     def __init__(self, table: pa.Table, meta: TraceMetadata, config: EngineConfig, workdir: Path) -> None:
         if config.timing.backend != "roofline":
@@ -117,9 +163,7 @@ class _Replayer:
         self.seconds = 0.0
         self.calls = 0
 
-    def __call__(self, params: RooflineParams) -> tuple[np.ndarray, np.ndarray]:
-        import time
-
+    def __call__(self, params: RooflineParams) -> dict[str, np.ndarray]:
         timer = RooflineTimer(self.model, self.hw, params, tp=self.config.tensor_parallel_size,
                               dtype=self.config.dtype, kv_dtype=self.config.kv_cache_dtype(),
                               drafter=resolve_drafter(self.config, self.model))
@@ -129,22 +173,19 @@ class _Replayer:
                      setup=dataclasses.replace(self.setup, timer=timer))
         self.seconds += time.perf_counter() - t0
         self.calls += 1
-        req = pq.read_table(out / "requests.parquet", columns=["request_id", "status", "ttft_ms", "tpot_ms"])
-        ttft = np.full(len(self.order), np.nan)
-        tpot = np.full(len(self.order), np.nan)
-        for rid, status, a, b in zip(*(req.column(c).to_pylist() for c in req.column_names), strict=True):
-            if status == "finished":
-                i = self.order[rid]
-                ttft[i] = np.nan if a is None else a
-                tpot[i] = np.nan if b is None else b
-        return ttft, tpot
+        req = pq.read_table(out / "requests.parquet",
+                            columns=["request_id", "status", "ttft_ms", "tpot_ms", "e2e_ms", "first_scheduled_ms",
+                                     "first_token_ms", "finish_ms"])
+        return predicted_arrays(req, self.order)
 
 
-def nelder_mead(f, x0: np.ndarray, step: float, max_evaluations: int, tol: float = 1e-4) -> np.ndarray:
-    """Minimise ``f`` from ``x0`` (simplex of axis steps of ``step``) with the standard reflection (1),
-    expansion (2), contraction (1/2) and shrink (1/2) moves; deterministic, no derivatives."""
+def nelder_mead(f, x0: np.ndarray, step: float, max_evaluations: int, first_move: np.ndarray,
+                tol: float = 1e-4) -> np.ndarray:
+    """Minimise ``f`` from ``x0`` (simplex of axis steps of ``step`` in the ``first_move`` directions) with
+    the standard reflection (1), expansion (2), contraction (1/2) and shrink (1/2) moves;
+    deterministic, no derivatives."""
     n = len(x0)
-    simplex = [x0.copy()] + [x0 + step * _FIRST_MOVE[i] * np.eye(n)[i] for i in range(n)]
+    simplex = [x0.copy()] + [x0 + step * first_move[i] * np.eye(n)[i] for i in range(n)]
     values = [f(x) for x in simplex]
     evaluations = len(simplex)
     while evaluations < max_evaluations:
@@ -177,18 +218,42 @@ def nelder_mead(f, x0: np.ndarray, step: float, max_evaluations: int, tol: float
     return simplex[int(np.argmin(values))]
 
 
-def _to_x(p: RooflineParams) -> np.ndarray:
-    return np.log([p.eta_compute, p.eta_memory, max(p.host_overhead_ms, HOST_FLOOR_MS)])
+def _start_value(base: RooflineParams, name: str) -> float:
+    lo, hi = BOUNDS[name]
+    value = getattr(base, name)
+    if name == MIXED and value <= 0.0:
+        value = MIXED_START_US
+    return min(max(value, lo), hi)
 
 
-def _from_x(x: np.ndarray, base: RooflineParams) -> RooflineParams:
-    e = np.exp(np.minimum(x, _UPPER))
-    return base.replace(eta_compute=float(e[0]), eta_memory=float(e[1]), host_overhead_ms=float(e[2]))
+def _level_errors(levels: np.ndarray | None, fit: np.ndarray, held: np.ndarray,
+                  start: dict[str, np.ndarray], best: dict[str, np.ndarray],
+                  meas: dict[str, np.ndarray]) -> list[LevelErrors]:
+    """Errors per level value (order of first appearance), split into fit / held-out / other rows."""
+    n = len(fit)
+    names = ["all"] if levels is None else list(dict.fromkeys(levels.tolist()))
+    out: list[LevelErrors] = []
+    for name in names:
+        rows = np.ones(n, dtype=bool) if levels is None else levels == name
+        for role, part in (("fit", rows & fit), ("held out", rows & held), ("other", rows & ~fit & ~held)):
+            if part.any():
+                before, after = errors(start, meas, part), errors(best, meas, part)
+                if before.requests:
+                    out.append(LevelErrors(level=str(name), role=role, before=before, after=after))
+    return out
 
 
-def calibrate_from_requests(outdir: str | Path, *, measured: str | Path | None = None, holdout: float = 0.3,
-                            seed: int = 0, max_evaluations: int = MAX_EVALUATIONS) -> RequestFit:
-    """Fit the roofline to the measured TTFT/TPOT of the log replayed in ``outdir`` (see module doc)."""
+def calibrate_from_requests(outdir: str | Path, *, measured: str | Path | None = None,
+                            measured_table: pa.Table | None = None, holdout: float | None = None, seed: int = 0,
+                            max_evaluations: int = MAX_EVALUATIONS, fit_where: list[str] | tuple[str, ...] = (),
+                            by: str | None = None, fit_mixed: bool | None = None) -> RequestFit:
+    """Fit the roofline to the measured latencies of the log replayed in ``outdir`` (see module doc).
+
+    ``measured`` (a log file) or ``measured_table`` (already read) holds the measurements, else the
+    run's own trace; ``fit_where`` selects the fit rows; ``by`` names the level column reported on
+    (default ``source_run`` when present); ``holdout`` defaults to 0.3 without ``fit_where`` and 0 with
+    it; ``fit_mixed`` (default: when the fit rows have server-side prefill times) adds the mixed-step term.
+    """
     from replay.reports.views import read_run_json
 
     outdir = Path(outdir)
@@ -198,62 +263,85 @@ def calibrate_from_requests(outdir: str | Path, *, measured: str | Path | None =
     if not trace_path.is_file():
         raise ReplayError(f"{outdir}: the run's trace {trace_path} is not found")
     table, meta = read_trace(trace_path)
-    meas_table = None
-    if measured is not None:
+    if measured is not None and measured_table is None:
         from replay.ingest import load_trace
 
-        meas_table, _ = load_trace(measured, drop_failed=True)
-    m_ttft, m_tpot, ids = _measured(table, meas_table)
-    held = holdout_mask(ids, holdout, seed)
-    fit_mask = ~held
+        measured_table, _ = load_trace(measured, drop_failed=True)
+    src = measured_table if measured_table is not None else table
+    if not {"measured_ttft_ms", "measured_tpot_ms"} & set(src.column_names):
+        raise ReplayError("no measured_ttft_ms / measured_tpot_ms columns to calibrate against; ingest a log "
+                          "with per-request latencies (docs/validate.md) or give --measured FILE")
+    ids = table.column("request_id").to_pylist()
+    meas = measured_arrays(ids, src)
+    sources = [src, table] if measured_table is not None else [table]
+    chosen, where = parse_fit_where(list(fit_where), ids, sources)
+    fraction = holdout if holdout is not None else (0.0 if fit_where else 0.3)
+    if fraction < 0.0 or fraction >= 1.0:
+        raise ConfigError(f"--holdout must be in [0, 1), got {fraction}")
+    held = holdout_mask(ids, fraction, seed) & chosen if fraction > 0.0 else np.zeros(len(ids), dtype=bool)
+    fit_mask = chosen & ~held
+    level_column = by if by is not None else (DEFAULT_LEVEL_COLUMN if _labels(ids, sources, DEFAULT_LEVEL_COLUMN)
+                                              is not None else (next(iter(where)) if where else None))
+    levels = _labels(ids, sources, level_column) if level_column is not None else None
+    if level_column is not None and levels is None:
+        raise ConfigError(f"--by {level_column}: the log has no such column")
+    if fit_mixed is None:
+        fit_mixed = bool(np.isfinite(meas["prefill"][fit_mask]).any())
+    names = FITTED + ((MIXED,) if fit_mixed else ())
+
     with tempfile.TemporaryDirectory(prefix="replay-calibrate-") as tmp:
         replay = _Replayer(table, meta, config, Path(tmp))
-        base = replay.setup.timer.params  # the run's own parameters (defaults, profile or host override)
+        base = replay.setup.timer.params  # the run's own parameters (defaults, profile or overrides)
+        lower = np.log([BOUNDS[k][0] for k in names])
+        upper = np.log([BOUNDS[k][1] for k in names])
 
-        def errors(pred: tuple[np.ndarray, np.ndarray], mask: np.ndarray) -> Errors:
-            ok = mask & (np.isfinite(m_ttft) | np.isfinite(m_tpot))
-            a, b = _apes(pred[0], m_ttft, mask), _apes(pred[1], m_tpot, mask)
-            both = np.concatenate([a, b])
-            return Errors(float(a.mean()) if a.size else None, float(b.mean()) if b.size else None, int(ok.sum()),
-                          float(both.max()) if both.size else None)
+        def from_x(x: np.ndarray) -> RooflineParams:
+            e = np.exp(np.clip(x, lower, upper))
+            return base.replace(**{k: float(v) for k, v in zip(names, e, strict=True)})
 
         history: list[tuple[dict[str, float], float]] = []
         start_pred = replay(base)
-        fit_before, hold_before = errors(start_pred, fit_mask), errors(start_pred, held)
+        fit_before = errors(start_pred, meas, fit_mask)
         if fit_before.requests < 3:
             raise ReplayError(f"only {fit_before.requests} fit requests with measurements; need at least 3")
-        cache: dict[bytes, tuple[float, tuple[np.ndarray, np.ndarray]]] = {}
+        cache: dict[bytes, tuple[float, dict[str, np.ndarray]]] = {}
 
         def objective(x: np.ndarray) -> float:
-            x = np.minimum(x, _UPPER)
+            x = np.clip(x, lower, upper)
             key = x.tobytes()
             if key not in cache:
-                p = _from_x(x, base)
+                p = from_x(x)
                 pred = replay(p)
-                cache[key] = (errors(pred, fit_mask).objective, pred)
-                history.append(({k: getattr(p, k) for k in FITTED}, cache[key][0]))
+                cache[key] = (errors(pred, meas, fit_mask).objective, pred)
+                history.append(({k: getattr(p, k) for k in names}, cache[key][0]))
             return cache[key][0]
 
-        x = nelder_mead(objective, _to_x(base), START_STEP, max_evaluations)
-        x = np.minimum(x, _UPPER)
+        x0 = np.log([_start_value(base, k) for k in names])
+        x = nelder_mead(objective, x0, START_STEP, max_evaluations, np.array([_FIRST_MOVE[k] for k in names]))
+        x = np.clip(x, lower, upper)
         objective(x)
         best_pred = cache[x.tobytes()][1]
-        params = _from_x(x, base)
-        return RequestFit(params=params, start=base, fit_before=fit_before, fit_after=errors(best_pred, fit_mask),
-                          holdout_before=hold_before, holdout_after=errors(best_pred, held),
-                          evaluations=replay.calls, replay_seconds=replay.seconds, history=history)
+        params = from_x(x)
+        fitted = [FittedParameter(k, getattr(base, k), getattr(params, k), *BOUNDS[k]) for k in names]
+        return RequestFit(params=params, start=base, fit_before=fit_before, fit_after=errors(best_pred, meas, fit_mask),
+                          holdout_before=errors(start_pred, meas, held), holdout_after=errors(best_pred, meas, held),
+                          evaluations=replay.calls, replay_seconds=replay.seconds, history=history, fitted=fitted,
+                          levels=_level_errors(levels, fit_mask, held, start_pred, best_pred, meas),
+                          level_column=level_column, fit_where=where)
 
 
 def save_request_profile(fit: RequestFit, config: dict[str, Any], source: str, path: str | Path) -> None:
     """Write the fit as a timing profile (``timing: {profile: PATH}`` in a config)."""
     from replay.engine.timing.profile import FitStats, ProfileParams, TimingProfile, save_profile
 
+    where = " ".join(f"{k}={'|'.join(v)}" for k, v in fit.fit_where.items())
     profile = TimingProfile(
         hardware=config.get("hardware", "h200_sxm"), model=config.get("model", ""),
         tensor_parallel_size=int(config.get("tensor_parallel_size", 1)), dtype=config.get("dtype", "bf16"),
         params=ProfileParams(**{k: float(v) for k, v in fit.params.as_dict().items()}),
-        fit=FitStats(steps_csv=f"per-request TTFT/TPOT of {source}", num_steps=fit.fit_after.requests,
-                     mape=fit.fit_after.objective, max_ape=fit.fit_after.max_ape or 0.0,
-                     mape_before=fit.fit_before.objective, host_overhead_fixed=False),
+        fit=FitStats(steps_csv=f"per-request TTFT/TPOT of {source}" + (f" where {where}" if where else ""),
+                     num_steps=fit.fit_after.requests, mape=fit.fit_after.objective,
+                     max_ape=fit.fit_after.max_ape or 0.0, mape_before=fit.fit_before.objective,
+                     host_overhead_fixed=False),
     )
     save_profile(profile, path)

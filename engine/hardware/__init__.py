@@ -66,6 +66,9 @@ class TimingParams(_Strict):
     host_overhead_ms: Figure     # per-step host time (scheduling, input prep, sampling sync), ms
     allreduce_latency_us: Figure  # fixed cost of one tensor-parallel all-reduce, us
     eta_nvlink: Figure           # fraction of the TP link's per-direction bandwidth an all-reduce reaches
+    # Extra cost per layer of a step that carries a prefill chunk (attention and launches outside the
+    # CUDA graph that decode-only steps replay), us; absent: 0 (docs/timing.md, "Mixed and prefill steps").
+    mixed_layer_us: Figure | None = None
 
 
 class HardwareProfile(_Strict):

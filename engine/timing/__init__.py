@@ -45,8 +45,11 @@ def build_timer(config: EngineConfig) -> StepTimer:
         from replay.engine.timing.aic import AicTimer
         host = timing.host_overhead_ms if timing.host_overhead_ms is not None else hw.timing.host_overhead_ms.value
         nextn = config.speculative.num_speculative_tokens if config.speculative is not None else 0
+        mixed_us = timing.mixed_layer_us if timing.mixed_layer_us is not None else \
+            RooflineParams.from_hardware(hw).mixed_layer_us
         return AicTimer(model, hw, tp=config.tensor_parallel_size, dtype=config.dtype, kv_dtype=kv_dtype,
-                        host_overhead_ms=host, nextn=nextn, exact=timing.aic_exact)
+                        host_overhead_ms=host, nextn=nextn, exact=timing.aic_exact,
+                        mixed_ms=model.num_layers * mixed_us * 1e-3)
     params = RooflineParams.from_hardware(hw)
     if timing.profile is not None:
         from replay.engine.timing.profile import load_profile
@@ -57,6 +60,8 @@ def build_timer(config: EngineConfig) -> StepTimer:
         params = prof.roofline_params()
     if timing.host_overhead_ms is not None:
         params = params.replace(host_overhead_ms=timing.host_overhead_ms)
+    if timing.mixed_layer_us is not None:
+        params = params.replace(mixed_layer_us=timing.mixed_layer_us)
     try:
         return RooflineTimer(model, hw, params, tp=config.tensor_parallel_size, dtype=config.dtype,
                              kv_dtype=kv_dtype, drafter=drafter)

@@ -67,7 +67,7 @@ class AicTimer:
     backend = "aic"
 
     def __init__(self, model: ModelSpec, hw: HardwareProfile, *, tp: int = 1, dtype: str = "bf16",
-                 kv_dtype: str = "bf16", host_overhead_ms: float, nextn: int = 0,
+                 kv_dtype: str = "bf16", host_overhead_ms: float, nextn: int = 0, mixed_ms: float = 0.0,
                  exact: bool = False) -> None:
         try:
             from aiconfigurator_core.sdk.rust_engine_step import RustForwardPassPerfModel
@@ -83,6 +83,7 @@ class AicTimer:
                               f"{', '.join(_supported_models())} or a local folder holding its config.json")
         self.model, self.hw, self.tp, self.dtype, self.kv_dtype = model, hw, tp, dtype, kv_dtype
         self.host_overhead_ms = host_overhead_ms
+        self.mixed_ms = mixed_ms  # added to steps with a prefill chunk (docs/timing.md, "Mixed and prefill steps")
         self.nextn = nextn
         self.exact = exact
         cfg: dict[str, Any] = {
@@ -196,8 +197,9 @@ class AicTimer:
                         memo.clear()
                     ms = memo[a] = table.kernel_ms(a)
                 return ms + self.host_overhead_ms
-        return self.kernel_ms(num_prefill_reqs, prefill_tokens, prefill_ctx_tokens, prefill_attn_work,
-                              num_decode_reqs, decode_ctx_tokens) + self.host_overhead_ms
+        ms = self.kernel_ms(num_prefill_reqs, prefill_tokens, prefill_ctx_tokens, prefill_attn_work,
+                            num_decode_reqs, decode_ctx_tokens) + self.host_overhead_ms
+        return ms + self.mixed_ms if prefill_tokens else ms
 
     def breakdown(self, shape: StepShape) -> StepBreakdown:
         """aiconfigurator's forward-pass model gives one number: it is reported as ``gpu``."""
@@ -206,5 +208,8 @@ class AicTimer:
             return StepBreakdown(step_ms=0.0, host_overhead_ms=0.0, parts={"gpu": 0.0})
         gpu = self.kernel_ms(s.num_prefill_reqs, s.prefill_tokens, s.prefill_ctx_tokens, s.prefill_attn_work,
                              s.num_decode_reqs, s.decode_ctx_tokens)
-        return StepBreakdown(step_ms=gpu + self.host_overhead_ms, host_overhead_ms=self.host_overhead_ms,
-                             parts={"gpu": gpu})
+        parts = {"gpu": gpu}
+        if self.mixed_ms:
+            parts["mixed_overhead"] = self.mixed_ms if s.prefill_tokens else 0.0
+        return StepBreakdown(step_ms=gpu + sum(v for k, v in parts.items() if k != "gpu") + self.host_overhead_ms,
+                             host_overhead_ms=self.host_overhead_ms, parts=parts)

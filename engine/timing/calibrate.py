@@ -103,14 +103,18 @@ def read_steps_csv(path: str | Path) -> list[StepSample]:
     return samples
 
 
-def _x(params: RooflineParams) -> np.ndarray:
-    return np.array([1 / params.eta_compute, 1 / params.eta_attention, 1 / params.eta_memory,
-                     params.tau_layer_us, params.host_overhead_ms])
+def _x(params: RooflineParams, mixed: bool = False) -> np.ndarray:
+    x = [1 / params.eta_compute, 1 / params.eta_attention, 1 / params.eta_memory,
+         params.tau_layer_us, params.host_overhead_ms]
+    return np.array(x + [params.mixed_layer_us] if mixed else x)
 
 
 def _params(x: np.ndarray, base: RooflineParams) -> RooflineParams:
-    return base.replace(eta_compute=1 / x[0], eta_attention=1 / x[1], eta_memory=1 / x[2],
-                        tau_layer_us=float(x[3]), host_overhead_ms=float(x[4]))
+    changes = dict(eta_compute=1 / x[0], eta_attention=1 / x[1], eta_memory=1 / x[2],
+                   tau_layer_us=float(x[3]), host_overhead_ms=float(x[4]))
+    if len(x) > 5:
+        changes["mixed_layer_us"] = float(x[5])
+    return base.replace(**changes)
 
 
 def _predict(model: ModelSpec, hw: HardwareProfile, params: RooflineParams, shapes: list[tuple], **kw) -> np.ndarray:
@@ -120,9 +124,11 @@ def _predict(model: ModelSpec, hw: HardwareProfile, params: RooflineParams, shap
 
 def fit(model: ModelSpec, hw: HardwareProfile, samples: list[StepSample], *, tp: int = 1, dtype: str = "bf16",
         kv_dtype: str = "bf16", drafter: str | None = None, base: RooflineParams | None = None,
-        fix_host_overhead_ms: float | None = None, iterations: int = 30) -> FitResult:
+        fix_host_overhead_ms: float | None = None, iterations: int = 30, fit_mixed: bool = False) -> FitResult:
     """Least squares on relative error. Fits the three efficiencies and one fixed per-step cost: the host
-    overhead, or tau_layer when ``fix_host_overhead_ms`` pins the host term (e.g. 0 for kernel-only data)."""
+    overhead, or tau_layer when ``fix_host_overhead_ms`` pins the host term (e.g. 0 for kernel-only data);
+    with ``fit_mixed`` also the extra cost of steps with a prefill chunk (``mixed_layer_us``), which
+    needs both decode-only steps and steps with prefill among the samples."""
     if len(samples) < 3:
         raise ConfigError(f"calibration needs at least 3 measured steps, got {len(samples)}")
     base = base or RooflineParams.from_hardware(hw)
@@ -137,23 +143,31 @@ def fit(model: ModelSpec, hw: HardwareProfile, samples: list[StepSample], *, tp:
     pinned = fix_host_overhead_ms is not None
     free = [True, True, True, pinned, not pinned]
     lower = np.array([1.0, 1.0, 1.0, 0.0, 0.0])  # efficiencies <= 1, overheads >= 0
-    x = _x(base)
+    if fit_mixed:
+        kinds = {s.shape.prefill_tokens > 0 for s in samples}
+        if kinds != {True, False}:
+            raise ConfigError("--fit-mixed needs both decode-only steps and steps with a prefill chunk: the "
+                              "difference between them is what sizes the mixed-step term")
+        free.append(True)
+        lower = np.append(lower, 0.0)
+    n = len(free)
+    x = _x(base, fit_mixed)
     start = np.abs(_predict(model, hw, base, shapes, **kw) - y) / y
     best = (float(np.mean(start)), x.copy())
     for _ in range(iterations):
         t0 = _predict(model, hw, _params(x, base), shapes, **kw)
         grads = []
-        for j in range(5):
-            step = np.zeros(5)
+        for j in range(n):
+            step = np.zeros(n)
             step[j] = 1e-6 * max(1.0, abs(x[j]))
             grads.append((_predict(model, hw, _params(x + step, base), shapes, **kw) - t0) / step[j])
         G = np.stack(grads, axis=1)
         const = t0 - G @ x
-        active = [j for j in range(5) if free[j] and np.any(G[:, j] != 0)]
+        active = [j for j in range(n) if free[j] and np.any(G[:, j] != 0)]
         fixed_x = x.copy()
         new = x.copy()
         while active:
-            rhs = (y - const - G @ np.where(np.isin(range(5), active), 0.0, fixed_x)) / y
+            rhs = (y - const - G @ np.where(np.isin(range(n), active), 0.0, fixed_x)) / y
             sol, *_ = np.linalg.lstsq(G[:, active] / y[:, None], rhs, rcond=None)
             low = [a for a, v in zip(active, sol, strict=True) if v < lower[a]]
             new[active] = sol

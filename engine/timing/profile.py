@@ -26,6 +26,7 @@ class ProfileParams(_Strict):
     host_overhead_ms: float = Field(ge=0.0)
     allreduce_latency_us: float = Field(ge=0.0)
     eta_nvlink: float = Field(gt=0.0, le=1.0)
+    mixed_layer_us: float = Field(0.0, ge=0.0)  # written only when fitted or non-zero
 
 
 class FitStats(_Strict):
@@ -54,7 +55,10 @@ class TimingProfile(_Strict):
 def save_profile(profile: TimingProfile, path: str | Path) -> None:
     header = ("# Calibrated step-time profile written by `replay calibrate`; use it with\n"
               "# timing: {profile: <this file>} in an engine config.\n")
-    write_text_atomic(path, header + yaml.safe_dump(profile.model_dump(), sort_keys=False))
+    data = profile.model_dump()
+    if not data["params"]["mixed_layer_us"]:
+        del data["params"]["mixed_layer_us"]  # profiles without the term stay as they were
+    write_text_atomic(path, header + yaml.safe_dump(data, sort_keys=False))
 
 
 def load_profile(path: str | Path) -> TimingProfile:

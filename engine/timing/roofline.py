@@ -7,7 +7,8 @@ Per tensor-parallel rank, in ms:
               eta_a * peak, or the cached-prefix KV stream at eta_m * bw when that is longer
   decode      each request's KV streamed once at eta_m * bw (or its attention FLOPs, for MLA)
   comm        two all-reduces per layer over the TP link (NVLink, PCIe or xGMI) when tp > 1
-  overheads   L * tau_layer (GPU) + host overhead per step
+  overheads   L * tau_layer (GPU) + host overhead per step; steps with a prefill chunk also
+              L * mixed_layer (eager attention and launches outside the CUDA graph; 0 unless set)
   drafter     k MTP passes: one drafter layer + LM head each (first over all scheduled tokens)
 
 ``step_ms`` is the hot path (called once per engine step): all constants are folded at construction
@@ -39,11 +40,17 @@ class RooflineParams:
     host_overhead_ms: float
     allreduce_latency_us: float
     eta_nvlink: float
+    mixed_layer_us: float = 0.0  # per layer, on steps with a prefill chunk; 0: off (the default)
 
     @classmethod
     def from_hardware(cls, hw: HardwareProfile) -> RooflineParams:
         t = hw.timing
-        return cls(**{f.name: getattr(t, f.name).value for f in fields(cls)})
+        values = {}
+        for f in fields(cls):
+            figure = getattr(t, f.name)
+            if figure is not None:
+                values[f.name] = figure.value
+        return cls(**values)
 
     def replace(self, **changes: float) -> RooflineParams:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -150,6 +157,8 @@ class RooflineTimer:
             self._ar_lat = self._ar_c = 0.0
         self._layer_ms = L * p.tau_layer_us * 1e-3
         self._tau_ms = p.tau_layer_us * 1e-3
+        # Steps that carry a prefill chunk run outside the full CUDA graph of decode-only batches.
+        self._mixed_ms = L * p.mixed_layer_us * 1e-3
 
         # Drafter: one layer per pass (the MTP head, or one more target layer when synthetic).
         if drafter == "model" and model.num_mtp_layers == 0:
@@ -185,7 +194,7 @@ class RooflineTimer:
         if prefill_tokens:
             pa = prefill_attn_work * self._pa_c
             pk = prefill_ctx_tokens * self._kv_c
-            t += (pa if pa > pk else pk) + prefill_ctx_tokens * self._mla_ctx_c
+            t += (pa if pa > pk else pk) + prefill_ctx_tokens * self._mla_ctx_c + self._mixed_ms
         if num_decode_reqs:
             dm = decode_ctx_tokens * self._kv_c
             dc = decode_ctx_tokens * decode_query_tokens / num_decode_reqs * self._da_c
@@ -259,6 +268,8 @@ class RooflineTimer:
             + s.prefill_ctx_tokens * self._mla_ctx_c
         if s.prefill_tokens:
             parts["prefill_attn"] = max(s.prefill_attn_work * self._pa_c, s.prefill_ctx_tokens * self._kv_c)
+        if self._mixed_ms:  # the key exists only when the term is configured
+            parts["mixed_overhead"] = self._mixed_ms if s.prefill_tokens else 0.0
         if s.num_decode_reqs:
             parts["decode_attn"] = max(s.decode_ctx_tokens * self._kv_c,
                                        s.decode_ctx_tokens * s.decode_query_tokens / s.num_decode_reqs * self._da_c)

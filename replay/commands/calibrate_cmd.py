@@ -25,6 +25,9 @@ def calibrate(
     host_overhead_ms: float | None = typer.Option(None, "--host-overhead-ms",
                                                   help="Pin the host overhead instead of fitting it "
                                                        "(0 for kernel-only timings)."),
+    fit_mixed: bool = typer.Option(False, "--fit-mixed",
+                                   help="Also fit mixed_layer_us, the extra cost of steps with a prefill chunk "
+                                        "(needs decode-only and prefill rows; docs/timing.md)."),
     as_json: bool = typer.Option(False, "--json", help="Print the fit as one JSON object."),
 ) -> None:
     """Fit eta_compute, eta_attention, eta_memory and the host overhead (or tau_layer, when
@@ -49,8 +52,10 @@ def calibrate(
         if drafter == "model" and spec.num_mtp_layers == 0:
             raise ConfigError(f"{spec.name} has no MTP head; use --drafter synthetic")
         result = fit(spec, hw, samples, tp=tp, dtype=dtype, kv_dtype=dtype if kv_dtype == "auto" else kv_dtype,
-                     drafter=drafter, fix_host_overhead_ms=host_overhead_ms)
+                     drafter=drafter, fix_host_overhead_ms=host_overhead_ms, fit_mixed=fit_mixed)
         params = {k: float(v) for k, v in result.params.as_dict().items()}
+        if not fit_mixed and not params["mixed_layer_us"]:
+            del params["mixed_layer_us"]  # outputs without the term stay as they were
         profile = TimingProfile(
             hardware=hw.name, model=spec.name, tensor_parallel_size=tp, dtype=dtype,
             params=ProfileParams(**params),
@@ -68,7 +73,10 @@ def calibrate(
         table.add_column("default", justify="right")
         table.add_column("fitted", justify="right")
         for key, value in params.items():
-            default = getattr(hw.timing, key).value
+            figure = getattr(hw.timing, key)
+            if figure is None and not value:
+                continue  # the mixed-step term, neither in the profile nor fitted
+            default = figure.value if figure is not None else 0.0
             table.add_row(key, f"{default:.4g}", f"{value:.4g}")
         console.print(table)
         console.print(f"fit error: MAPE {result.mape:.1%} (max {result.max_ape:.1%}); "

@@ -39,7 +39,7 @@ def parse_decode(text: str) -> list[int]:
 _PART_LABELS = {
     "linear": "linear layers (+ LM head)", "prefill_attn": "prefill attention", "decode_attn": "decode attention",
     "comm": "communication (TP all-reduce)", "layer_overhead": "per-layer overhead", "drafter": "MTP drafter",
-    "gpu": "GPU (aiconfigurator)",
+    "gpu": "GPU (aiconfigurator)", "mixed_overhead": "mixed/prefill-step overhead",
 }
 
 
@@ -102,6 +102,8 @@ def steptime(
     backend: str = typer.Option("roofline", "--backend", help="roofline or aic (aiconfigurator-core)."),
     profile: Path | None = typer.Option(None, "--profile", help="Calibrated profile YAML (replay calibrate)."),
     host_overhead_ms: float | None = typer.Option(None, "--host-overhead-ms", help="Override the per-step host overhead."),
+    mixed_layer_us: float | None = typer.Option(None, "--mixed-layer-us",
+                                                help="Extra cost per layer (us) of a step with a prefill chunk."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     list_models: bool = typer.Option(False, "--list-models", help="List the model catalog and exit."),
     list_hardware: bool = typer.Option(False, "--list-hardware", help="List the hardware profiles and exit."),
@@ -126,7 +128,7 @@ def steptime(
         data: dict = {"model": model, "hardware": hardware, "tensor_parallel_size": tp, "dtype": dtype,
                       "kv_cache": {"cache_dtype": kv_dtype},
                       "timing": {"backend": backend, "profile": str(profile) if profile else None,
-                                 "host_overhead_ms": host_overhead_ms}}
+                                 "host_overhead_ms": host_overhead_ms, "mixed_layer_us": mixed_layer_us}}
         if drafts:
             data["speculative"] = {"num_speculative_tokens": drafts, "drafter": drafter}
         try:

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from replay.base.errors import TraceError
+from replay.base.errors import ConfigError, TraceError
 from replay.cli import app
 from replay.engine.config import load_config
 from replay.engine.hardware import get_hardware
@@ -125,3 +125,26 @@ def test_cli_bad_csv_exits_2(tmp_path):
     res = CliRunner().invoke(app, ["calibrate", str(path), "--model", "meta-llama/Llama-3.1-8B",
                                    "-o", str(tmp_path / "o.yaml")])
     assert res.exit_code == 2 and not (tmp_path / "o.yaml").exists()
+
+
+def test_fit_mixed_recovers_the_mixed_step_term(tmp_path):
+    """Steps with a prefill chunk cost L * mixed_layer_us more: --fit-mixed recovers it beside the host
+    overhead (decode-only rows pin the host term); without it the term stays 0 and the fit is worse."""
+    truth = TRUE.replace(mixed_layer_us=25.0)
+    samples = read_steps_csv(write_csv(tmp_path / "steps.csv", truth))
+    model = get_model("meta-llama/Llama-3.1-8B")
+    res = fit(model, H200, samples, fit_mixed=True)
+    assert res.mape < 0.002
+    assert res.params.mixed_layer_us == pytest.approx(25.0, rel=0.05)
+    assert res.params.host_overhead_ms == pytest.approx(truth.host_overhead_ms, rel=0.05)
+    plain = fit(model, H200, samples)
+    assert plain.params.mixed_layer_us == 0.0 and plain.mape > res.mape
+    decode_only = [s for s in samples if not s.shape.prefill_tokens]
+    with pytest.raises(ConfigError, match="decode-only steps and steps with a prefill chunk"):
+        fit(model, H200, decode_only, fit_mixed=True)
+    out = tmp_path / "p.yaml"
+    res = CliRunner().invoke(app, ["calibrate", str(tmp_path / "steps.csv"), "--model", "meta-llama/Llama-3.1-8B",
+                                   "-o", str(out), "--fit-mixed", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["params"]["mixed_layer_us"] == pytest.approx(25.0, rel=0.05)
+    assert yaml.safe_load(out.read_text())["params"]["mixed_layer_us"] == pytest.approx(25.0, rel=0.05)

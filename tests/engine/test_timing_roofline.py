@@ -192,3 +192,69 @@ def test_decode_window_step_times_are_bit_identical_to_step_ms(model, tp):
     timer = build_timer(EngineConfig(model=model, tensor_parallel_size=tp))
     for nrun, ctx0 in ((1, 1), (3, 4097), (17, 123_457), (256, 2_000_003)):
         assert_decode_run_is_step_ms(timer, timer, nrun, ctx0, 300)
+
+
+# --- the mixed-step term ------------------------------------------------------------------------
+
+_MIXED_SHAPES = [((), [2048] * 32), (((64, 0),), [2048] * 32), (((2048, 6144),), ()), (((512, 0), (64, 128)), [900] * 7)]
+
+
+def test_mixed_term_is_off_by_default_and_changes_nothing():
+    from replay.engine.hardware import get_hardware
+    from replay.engine.models import get_model
+    from replay.engine.timing import RooflineParams, RooflineTimer, shape_from_requests
+
+    hw, model = get_hardware("h200_sxm"), get_model("meta-llama/Llama-3.1-8B")
+    base = RooflineParams.from_hardware(hw)
+    assert base.mixed_layer_us == 0.0
+    plain, zero = RooflineTimer(model, hw, base), RooflineTimer(model, hw, base.replace(mixed_layer_us=0.0))
+    for prefills, decodes in _MIXED_SHAPES:
+        args = astuple(shape_from_requests(list(prefills), decodes))
+        assert zero.step_ms(*args) == plain.step_ms(*args)  # bit for bit
+        assert "mixed_overhead" not in plain.breakdown(shape_from_requests(list(prefills), decodes)).parts
+
+
+def test_mixed_term_adds_to_steps_with_a_prefill_chunk_only():
+    """Steps carrying a prefill chunk pay L * mixed_layer_us; decode-only steps (and decode windows) do not."""
+    from replay.engine.hardware import get_hardware
+    from replay.engine.models import get_model
+    from replay.engine.timing import RooflineParams, RooflineTimer, shape_from_requests
+
+    hw, model = get_hardware("h200_sxm"), get_model("meta-llama/Llama-3.1-8B")
+    base = RooflineParams.from_hardware(hw)
+    plain, mixed = RooflineTimer(model, hw, base), RooflineTimer(model, hw, base.replace(mixed_layer_us=20.0))
+    for prefills, decodes in _MIXED_SHAPES:
+        shape = shape_from_requests(list(prefills), decodes)
+        extra = mixed.step_ms(*astuple(shape)) - plain.step_ms(*astuple(shape))
+        assert extra == pytest.approx(32 * 20e-3 if prefills else 0.0, abs=1e-12)
+        bd = mixed.breakdown(shape)
+        assert bd.parts["mixed_overhead"] == pytest.approx(32 * 20e-3 if prefills else 0.0)
+        assert bd.step_ms == pytest.approx(mixed.step_ms(*astuple(shape)), rel=1e-12)
+    assert mixed.decode_step_terms(16) == plain.decode_step_terms(16)
+
+
+def test_mixed_term_from_config_and_profile(tmp_path):
+    from replay.engine.config import EngineConfig
+    from replay.engine.timing.profile import (
+        FitStats,
+        ProfileParams,
+        TimingProfile,
+        load_profile,
+        save_profile,
+    )
+
+    timer = build_timer(EngineConfig.model_validate({"timing": {"mixed_layer_us": 12.5}}))
+    assert timer.params.mixed_layer_us == 12.5
+    with pytest.raises(ValueError):
+        EngineConfig.model_validate({"timing": {"mixed_layer_us": -1}})
+    params = RooflineParams.from_hardware(get_hardware("h200_sxm"))
+    fit = FitStats(steps_csv="x", num_steps=3, mape=0.1, max_ape=0.2, mape_before=0.3, host_overhead_fixed=False)
+    for value in (0.0, 7.0):
+        path = tmp_path / f"p{value}.yaml"
+        save_profile(TimingProfile(hardware="h200_sxm", model="m", tensor_parallel_size=1, dtype="bf16",
+                                   params=ProfileParams(**params.replace(mixed_layer_us=value).as_dict()), fit=fit),
+                     path)
+        assert ("mixed_layer_us" in path.read_text()) == bool(value)  # profiles without the term are unchanged
+        assert load_profile(path).roofline_params().mixed_layer_us == value
+    timer = build_timer(EngineConfig.model_validate({"timing": {"profile": str(tmp_path / "p7.0.yaml")}}))
+    assert timer.params.mixed_layer_us == 7.0
