@@ -16,7 +16,7 @@ from replay.base.files import require_regular_file
 from .columns import ms_to_iso
 from .detect import make_reader
 from .options import IngestOptions, OnError
-from .pipeline import Progress, canonical_batches, no_rows_error, resolve_lines, sort_by_arrival
+from .pipeline import Progress, canonical_batches, no_rows_error, resolve_lines, skipped_text, sort_by_arrival
 from .readers.base import Reader, ReaderInfo
 from .readers.decoding import read_errors
 from .rejections import remove_stale_side_file, side_file_path, write_side_file
@@ -44,6 +44,7 @@ class IngestResult:
     metadata: TraceMetadata
     dest: Path | None = None
     warnings: list[str] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)  # source records that are not requests, by reason
 
 
 def file_sha256(path: str | Path) -> str:
@@ -81,8 +82,10 @@ def _metadata(path: Path, info: ReaderInfo, progress: Progress, sha: str, shift:
     )
 
 
-def _warnings(progress: Progress) -> list[str]:
+def _warnings(progress: Progress, skipped: dict[str, int] | None = None) -> list[str]:
     out = []
+    if skipped_text(skipped or {}):
+        out.append(skipped_text(skipped or {}))
     if progress.rows_out_of_order:
         out.append(f"{progress.rows_out_of_order} row(s) were out of time order; the trace was sorted by arrival")
     if progress.rows_dropped:
@@ -101,7 +104,8 @@ def _open(source: Path, opts: IngestOptions) -> tuple[Reader, ReaderInfo]:
 
 def convert(source: str | Path, dest: str | Path, *, format: str | None = None, block_size: int | None = None,
             on_error: OnError = "fail", time_unit: str | None = None, mapping: dict[str, str] | None = None,
-            tokenizer: str | None = None, drop_failed: bool = False) -> IngestResult:
+            tokenizer: str | None = None, drop_failed: bool = False,
+            where: dict[str, str] | None = None) -> IngestResult:
     """Ingest ``source`` (any supported format) into the canonical Parquet trace ``dest``.
 
     With ``on_error='fail'`` the first problem raises ``TraceError`` and nothing is written; with
@@ -109,7 +113,7 @@ def convert(source: str | Path, dest: str | Path, *, format: str | None = None, 
     """
     source, dest = Path(source), Path(dest)
     opts = _options(format=format, block_size=block_size, on_error=on_error, time_unit=time_unit,
-                    mapping=mapping, tokenizer=tokenizer, drop_failed=drop_failed)
+                    mapping=mapping, tokenizer=tokenizer, drop_failed=drop_failed, where=where)
     side = side_file_path(dest)
     refuse_inputs(side, [source])
     reader, info = _open(source, opts)
@@ -147,13 +151,15 @@ def convert(source: str | Path, dest: str | Path, *, format: str | None = None, 
         side_file=side if progress.rejections else None,
         metadata=meta,
         dest=dest,
-        warnings=_warnings(progress),
+        warnings=_warnings(progress, reader.skipped),
+        skipped=dict(reader.skipped),
     )
 
 
 def load_trace(path: str | Path, *, format: str | None = None, block_size: int | None = None,
                on_error: OnError = "fail", time_unit: str | None = None, mapping: dict[str, str] | None = None,
-               tokenizer: str | None = None, drop_failed: bool = False) -> tuple[pa.Table, TraceMetadata]:
+               tokenizer: str | None = None, drop_failed: bool = False,
+               where: dict[str, str] | None = None) -> tuple[pa.Table, TraceMetadata]:
     """A canonical trace in memory: read it if ``path`` is one, else ingest the file in memory.
 
     The returned table carries the ``replay.*`` metadata in its schema (so ``trace_stats`` knows the
@@ -163,7 +169,7 @@ def load_trace(path: str | Path, *, format: str | None = None, block_size: int |
     if format in (None, "canonical") and is_canonical_trace(path):
         return read_trace(path)
     opts = _options(format=format, block_size=block_size, on_error=on_error, time_unit=time_unit,
-                    mapping=mapping, tokenizer=tokenizer, drop_failed=drop_failed)
+                    mapping=mapping, tokenizer=tokenizer, drop_failed=drop_failed, where=where)
     reader, info = _open(path, opts)
     progress = Progress()
     batches = list(canonical_batches(reader, info, opts, progress))

@@ -87,12 +87,19 @@ def detect_log_format(record: dict) -> str | None:
         return "aiperf"
     if "experiments" in keys and isinstance(record.get("experiments"), list):
         return "genai-perf"
+    if "benchmarks" in keys and isinstance(record.get("benchmarks"), list):
+        return "guidellm"
     if {"custom_id", "body"} <= keys and "url" in keys:
         return "openai-batch-input"
     if {"custom_id", "response"} <= keys:
         return "openai-batch-output"
-    if "resourceSpans" in keys:
+    if keys & {"resourceSpans", "batches"} or {"traceID", "spans"} <= keys:  # OTLP, Tempo, one Jaeger trace
         return "otel"
+    trace, data = record.get("trace"), record.get("data")
+    if isinstance(trace, dict) and set(trace) & {"resourceSpans", "batches"}:
+        return "otel"
+    if isinstance(data, list) and data and isinstance(data[0], dict) and {"traceID", "spans"} <= set(data[0]):
+        return "otel"  # Jaeger export
     if {"startTime", "prompt_tokens", "completion_tokens"} <= keys and keys & {"spend", "call_type", "api_key"}:
         return "litellm"
     if {"traceId", "startTime"} <= keys and keys & {"usageDetails", "usage", "promptTokens"}:
@@ -103,6 +110,8 @@ def detect_log_format(record: dict) -> str | None:
         return "sharegpt"
     if "conversation" in keys and isinstance(record.get("conversation"), list):
         return "lmsys"
+    if {"start_time", "end_time", "request", "info"} <= keys:
+        return "inference-perf"
     if "hash_ids" not in keys and ("text_input" in keys or {"output_length", "messages"} <= keys):
         return "mooncake-text"
     return None
@@ -110,7 +119,8 @@ def detect_log_format(record: dict) -> str | None:
 
 _PEEK_BYTES = 1 << 16
 _PEEK_MARKERS = (('"conversations"', "sharegpt"), ('"conversation"', "lmsys"), ('"resourceSpans"', "otel"),
-                 ('"experiments"', "genai-perf"))
+                 ('"experiments"', "genai-perf"), ('"benchmarks"', "guidellm"),
+                 ('"scopeSpans"', "otel"), ('"instrumentationLibrarySpans"', "otel"), ('"operationName"', "otel"))
 
 
 def _peek_keys(path: Path) -> str | None:
@@ -136,6 +146,8 @@ def _peek_keys(path: Path) -> str | None:
             doc = doc[0]
         if isinstance(doc, dict):
             return detect_log_format(doc)
+    if stripped.startswith("[") and all(f'"{k}"' in head for k in ("start_time", "end_time", "request", "info")):
+        return "inference-perf"
     found = {fmt for marker, fmt in _PEEK_MARKERS if marker in head}
     return found.pop() if len(found) == 1 else None
 

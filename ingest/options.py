@@ -8,7 +8,7 @@ from typing import Literal
 from replay.base.errors import ConfigError
 
 from .columns import TIME_UNITS
-from .schema import OPTIONAL_SCHEMA
+from .schema import LABEL_FIELDS, OPTIONAL_SCHEMA
 
 OnError = Literal["fail", "skip"]
 
@@ -27,6 +27,9 @@ class IngestOptions:
     mapping: dict[str, str] = field(default_factory=dict)
     tokenizer: str | None = None
     drop_failed: bool = False
+    # keep only rows whose label equals the value (``--where source_run=constant@4.00``); others are
+    # counted as skipped, not rejected
+    where: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.on_error not in ("fail", "skip"):
@@ -42,6 +45,21 @@ class IngestOptions:
                 raise ConfigError(f"--map: unknown canonical field {key!r}; use one of {', '.join(MAP_TARGETS)}")
             normalized[target] = value
         object.__setattr__(self, "mapping", normalized)
+        labels = tuple(f.name for f in LABEL_FIELDS) + ("session_id", "priority")
+        for key in self.where or {}:
+            if key not in labels:
+                raise ConfigError(f"--where: {key!r} is not a label; use one of {', '.join(labels)}")
+
+
+def parse_where_flags(flags: list[str]) -> dict[str, str]:
+    """``["source_run=constant@4.00"]`` -> ``{"source_run": "constant@4.00"}``."""
+    out: dict[str, str] = {}
+    for flag in flags:
+        key, sep, value = flag.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--where expects LABEL=VALUE, got {flag!r}")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def parse_map_flags(flags: list[str]) -> dict[str, str]:

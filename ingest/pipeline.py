@@ -166,6 +166,19 @@ def to_canonical(st: pa.Table, base_ms: int, extras: tuple[str, ...] = ()) -> pa
     }).cast(trace_schema_for(extras))
 
 
+def _selected(st: pa.Table, where: dict[str, str], reader: Reader) -> pa.Table:
+    """Rows whose labels equal every ``--where`` value; the others are counted as skipped."""
+    keep = pa.array(np.ones(st.num_rows, dtype=bool))
+    for label, value in where.items():
+        col = st.column(label).cast(pa.string()) if label in st.column_names else pa.nulls(st.num_rows, pa.string())
+        keep = pc.and_(keep, pc.fill_null(pc.equal(col, pa.scalar(value, pa.string())), False))
+    out = st.filter(keep)
+    if out.num_rows < st.num_rows:
+        cond = ", ".join(f"{k}={v}" for k, v in where.items())
+        reader.skip(f"not selected by --where {cond}", st.num_rows - out.num_rows)
+    return out
+
+
 def resolve_lines(reader: Reader, rejections: list[Rejection]) -> None:
     missing = [r.row for r in rejections if r.line is None and r.row >= 0]
     if missing:
@@ -195,6 +208,8 @@ def canonical_batches(reader: Reader, info: ReaderInfo, opts: IngestOptions, pro
             progress.sessions_derived = True
             good, more = sessions.apply(good, info.field_names)
             rej += more
+        if opts.where and good.num_rows:
+            good = _selected(good, opts.where, reader)
         if rej:
             if opts.on_error == "fail":
                 resolve_lines(reader, rej)
@@ -235,9 +250,22 @@ def sort_by_arrival(table: pa.Table) -> tuple[pa.Table, int]:
     return table, shift
 
 
+def skipped_text(skipped: dict[str, int]) -> str:
+    """``"12 records skipped (10 spans without ...; 2 ...)"`` or "" when nothing was skipped."""
+    total = sum(skipped.values())
+    if not total:
+        return ""
+    reasons = "; ".join(f"{n:,} {why}" for why, n in sorted(skipped.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"{total:,} record{'s' if total != 1 else ''} skipped ({reasons})"
+
+
 def no_rows_error(reader: Reader, progress: Progress, side_file: Path | None = None) -> TraceError:
+    skipped = skipped_text(reader.skipped)
     if progress.rows_read == 0:
+        if skipped:
+            return TraceError(f"no request records in the file: {skipped}", path=str(reader.path))
         return TraceError("no rows in the file", path=str(reader.path))
     where = f" (rejected rows and reasons: {side_file})" if side_file is not None else ""
+    also = f"; {skipped}" if skipped else ""
     return TraceError(f"no usable rows: {progress.rows_read} read, {len(progress.rejections)} rejected, "
-                      f"{progress.rows_dropped} dropped{where}", path=str(reader.path))
+                      f"{progress.rows_dropped} dropped{where}{also}", path=str(reader.path))

@@ -47,11 +47,19 @@ MEASURED_FIELDS = [
     pa.field("measured_cached_tokens", pa.int32(), nullable=True),  # prompt tokens served from a prefix cache
     pa.field("measured_draft_tokens", pa.int32(), nullable=True),   # speculative draft tokens proposed
     pa.field("measured_accepted_tokens", pa.int32(), nullable=True),  # draft tokens accepted
+    # server-side phases as vLLM's request spans report them (gen_ai.latency.*): waiting in the
+    # scheduler queue, first scheduling to first token, first token to last token
+    pa.field("measured_queue_ms", pa.float64(), nullable=True),
+    pa.field("measured_prefill_ms", pa.float64(), nullable=True),
+    pa.field("measured_decode_ms", pa.float64(), nullable=True),
 ]
 LABEL_FIELDS = [
     pa.field("model", pa.string(), nullable=True),
     pa.field("tenant", pa.string(), nullable=True),
     pa.field("request_type", pa.string(), nullable=True),
+    # the benchmark run (load level) a request belongs to when one file holds several, e.g. a
+    # GuideLLM sweep's "constant@4.00": select it with --by / --where source_run=...
+    pa.field("source_run", pa.string(), nullable=True),
 ]
 OPTIONAL_SCHEMA = pa.schema(MEASURED_FIELDS + LABEL_FIELDS)
 MEASURED_COLUMNS = tuple(f.name for f in MEASURED_FIELDS)

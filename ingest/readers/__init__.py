@@ -12,6 +12,8 @@ from .conversations import ConversationReader, LmsysReader
 from .gateways import HeliconeReader, LangfuseReader, LiteLLMReader
 from .genai_perf import GenaiPerfReader
 from .generic import GenericCsvReader, GenericJsonlReader
+from .guidellm import GuideLLMReader
+from .inference_perf import InferencePerfReader
 from .mooncake import MooncakeReader
 from .mooncake_text import MooncakeTextReader
 from .openai_batch import OpenAIBatchInputReader, OpenAIBatchOutputReader
@@ -25,7 +27,8 @@ READERS: dict[str, type[Reader]] = {
               # tool logs carrying measured latencies and labels (ingest/readers/records.py)
               VllmBenchReader, SglangBenchReader, AiperfReader, OpenAIBatchInputReader, OpenAIBatchOutputReader,
               LiteLLMReader, LangfuseReader, HeliconeReader, OtelReader, ConversationReader, LmsysReader,
-              MooncakeTextReader, GenaiPerfReader)
+              MooncakeTextReader, GenaiPerfReader, GuideLLMReader,
+              InferencePerfReader)
 }
 
 __all__ = ["READERS", "Reader"]

@@ -71,6 +71,14 @@ class Reader:
     def __init__(self, path: Path, opts: IngestOptions) -> None:
         self.path = Path(path)
         self.opts = opts
+        # Source records that are not requests, counted by reason (spans of other operations, a
+        # benchmark's warm-up...): filled while ``batches`` runs, reported by the ingest, so that a
+        # file read as "no rows" says what it skipped.
+        self.skipped: dict[str, int] = {}
+
+    def skip(self, reason: str, count: int = 1) -> None:
+        """Count ``count`` source records left out for ``reason`` (not an error: not a request)."""
+        self.skipped[reason] = self.skipped.get(reason, 0) + count
 
     def info(self) -> ReaderInfo:
         raise NotImplementedError

@@ -31,22 +31,27 @@ def register(app: typer.Typer) -> None:
                                                                 "(default: byte-level fallback)."),
         drop_failed: bool = typer.Option(False, "--drop-failed", help="Drop failed rows (zero output tokens, "
                                                                       "e.g. BurstGPT) instead of rejecting them."),
+        where: list[str] = typer.Option(None, "--where", help="LABEL=VALUE: keep only those rows, e.g. one "
+                                                              "benchmark of a GuideLLM sweep: "
+                                                              "--where source_run=constant@4.00 (repeatable)."),
     ) -> None:
         """Convert a trace to the canonical Parquet schema (docs/trace-schema.md), validating every row."""
         from replay.ingest.api import convert
-        from replay.ingest.options import parse_map_flags
+        from replay.ingest.options import parse_map_flags, parse_where_flags
 
         with user_errors():
             dest = output or Path(source.name.split(".")[0] + ".parquet")
             result = convert(source, dest, format=format, block_size=block_size, on_error=on_error,
                              time_unit=time_unit, mapping=parse_map_flags(map_ or []), tokenizer=tokenizer,
-                             drop_failed=drop_failed)
+                             drop_failed=drop_failed, where=parse_where_flags(where or []))
         meta = result.metadata
         table = Table(title=f"ingested {source.name} -> {dest}", show_header=False)
         table.add_row("format", meta.source_format)
         table.add_row("rows written", f"{result.rows_written:,}")
         table.add_row("rows rejected", f"{result.rows_rejected:,}")
         table.add_row("rows re-sorted", f"{result.rows_resorted:,}")
+        if result.skipped:
+            table.add_row("records skipped", f"{sum(result.skipped.values()):,} (not requests; see warning)")
         if result.rows_dropped:
             table.add_row("rows dropped (failed)", f"{result.rows_dropped:,}")
         table.add_row("hash block size", str(meta.hash_block_size) if meta.hash_block_size else "-")
