@@ -7,6 +7,7 @@ prediction can sit beside a real benchmark in the tools users already have.
   vLLM's file; our reader uses it to match requests back).
 * ``aiperf``: ``profile_export.jsonl`` records (``metadata`` with ns times, ``metrics`` as
   ``{"value", "unit"}``, ``error``).
+* ``guidellm``: a GuideLLM report (``reports/export_guidellm.py``).
 
 Requests that did not finish are written as the tools write failures (vLLM: empty output and an
 error text; aiperf: an ``error`` object and ``error_isl``).
@@ -35,7 +36,7 @@ from replay.reports.sample_stats import SampleSpill
 from replay.reports.sqlfiles import sql
 from replay.reports.views import open_run
 
-FORMATS = ("vllm-bench", "aiperf")
+FORMATS = ("vllm-bench", "aiperf", "guidellm")
 
 
 # Requests per batch streamed from the export query: JSON text, Python objects and the per-request
@@ -287,5 +288,10 @@ def export(outdir: str | Path, fmt: str, dest: str | Path) -> Path:
     inputs = run_files(outdir) + [run.trace_path]
     check_output_file(dest, inputs)  # before any work: never onto the replay's own files
     with atomic_path(dest, inputs) as tmp, open(tmp, "w", encoding="utf-8") as out:
-        (vllm_bench if fmt == "vllm-bench" else aiperf)(outdir, out)
+        if fmt == "guidellm":
+            from replay.reports.export_guidellm import guidellm
+
+            guidellm(outdir, out)
+        else:
+            (vllm_bench if fmt == "vllm-bench" else aiperf)(outdir, out)
     return dest

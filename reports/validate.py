@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -24,9 +25,11 @@ from replay.ingest.schema import LABEL_COLUMNS, MEASURED_COLUMNS, TraceMetadata
 from replay.reports.sqlfiles import sql
 from replay.reports.views import Run, open_run
 
-METRICS = {"ttft": ("TTFT", "ms"), "tpot": ("TPOT", "ms"), "e2e": ("E2E latency", "ms"),
+METRICS = {"ttft": ("TTFT", "ms"), "tpot": ("TPOT", "ms"), "itl": ("ITL", "ms"), "e2e": ("E2E latency", "ms"),
+           "queue": ("queue time", "ms"), "prefill": ("prefill time", "ms"), "decode": ("decode time", "ms"),
            "cached_tokens": ("cached prompt tokens", "tokens")}
-COMPARED = ("measured_ttft_ms", "measured_tpot_ms", "measured_e2e_ms", "measured_cached_tokens")
+COMPARED = ("measured_ttft_ms", "measured_tpot_ms", "measured_itl_mean_ms", "measured_e2e_ms", "measured_queue_ms",
+            "measured_prefill_ms", "measured_decode_ms", "measured_cached_tokens")
 NO_GROUP = "all"
 WORST_LIMIT = 10
 
@@ -69,10 +72,27 @@ def _measured_table(source: pa.Table, by: str | None, where: str, need_measureme
     else:
         grp = pa.array([NO_GROUP] * n, pa.string())
     cols = {"request_id": source.column("request_id").cast(pa.string()), "grp": grp}
+    if "measured_itl_ms" in source.column_names:  # a request's mean gap, when only the gaps were kept
+        mean = _mean_gap(source.column("measured_itl_ms").combine_chunks())
+        if "measured_itl_mean_ms" in source.column_names:
+            mean = pc.coalesce(source.column("measured_itl_mean_ms").cast(pa.float64()).combine_chunks(), mean)
+        source = source.drop_columns([c for c in ("measured_itl_mean_ms",) if c in source.column_names])
+        source = source.append_column("measured_itl_mean_ms", mean)
     for name in COMPARED:
         cols[name] = (source.column(name).cast(pa.float64()) if name in source.column_names
                       else pa.nulls(n, pa.float64()))
     return pa.table(cols)
+
+
+def _mean_gap(gaps: pa.Array) -> pa.Array:
+    """Each list's mean (null for a null or empty list), vectorised: millions of requests."""
+    flat = pc.list_flatten(gaps).cast(pa.float64()).fill_null(0.0).to_numpy()
+    parents = pc.list_parent_indices(gaps).to_numpy()
+    counts = pc.list_value_length(gaps).fill_null(0).to_numpy()
+    sums = np.bincount(parents, weights=flat, minlength=len(gaps)) if len(flat) else np.zeros(len(gaps))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = sums / counts
+    return pa.array(means, pa.float64(), mask=counts == 0)
 
 
 def _load_measured(run: Run, measured: Path | None, ingest_options: dict[str, Any]) -> tuple[pa.Table, TraceMetadata | None, str]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from replay.base.atomic import atomic_dir, write_json_atomic, write_text_atomic
+from replay.base.atomic import atomic_dir, check_output_file, write_json_atomic, write_text_atomic
 from replay.base.errors import ReplayError
 from replay.reports.report_files import charts_dir_for, check_report_outputs, run_files
 from replay.reports.validate import Validation, compute_validation, has_measurements, label_groups
@@ -18,32 +18,39 @@ from replay.reports.views import open_run
 
 @dataclass
 class ValidationOutput:
-    markdown: Path
+    markdown: Path | None
     charts: dict[str, Path]
     validation: Validation
 
 
-def write_validation(outdir: str | Path, markdown: str | Path, *, measured: str | Path | None = None,
+def write_validation(outdir: str | Path, markdown: str | Path | None, *, measured: str | Path | None = None,
                      by: str | None = None, charts: bool = True, json_path: str | Path | None = None,
                      ingest_options: dict[str, Any] | None = None) -> ValidationOutput:
-    """Compute the validation and write markdown (+ PNG charts in ``<stem>_files/``, + JSON), atomically.
+    """Compute the validation and write what was asked for, atomically: markdown (+ PNG charts in
+    ``<stem>_files/``) only when ``markdown`` is given, JSON only when ``json_path`` is; nothing
+    otherwise (the command prints its tables and charts to the terminal).
 
     Every output is checked before anything is computed or written: none may be one of the inputs."""
-    outdir, markdown = Path(outdir), Path(markdown)
+    outdir = Path(outdir)
+    markdown = None if markdown is None else Path(markdown)
     run = open_run(outdir)
     run.con.close()
     inputs = run_files(outdir) + [run.trace_path, measured]
-    check_report_outputs(markdown, json_path, charts, inputs, [outdir, run.trace_path, measured])
+    if markdown is not None:
+        check_report_outputs(markdown, json_path, charts, inputs, [outdir, run.trace_path, measured])
+    elif json_path is not None:
+        check_output_file(json_path, inputs)
     v = compute_validation(outdir, measured=measured, by=by, ingest_options=ingest_options)
     paths: dict[str, Path] = {}
     rel: dict[str, str] = {}
-    if charts and v.samples:
+    if markdown is not None and charts and v.samples:
         final_dir = charts_dir_for(markdown)
         with atomic_dir(final_dir, inputs=[outdir, run.trace_path, measured], kind="validate charts") as tmp:
             made = validation_charts(tmp, v)
         paths = {k: final_dir / p.name for k, p in made.items()}
         rel = {k: f"{final_dir.name}/{p.name}" for k, p in made.items()}
-    write_text_atomic(markdown, render_validation(v, rel) + "\n", inputs)
+    if markdown is not None:
+        write_text_atomic(markdown, render_validation(v, rel) + "\n", inputs)
     if json_path is not None:
         write_json_atomic(json_path, v.to_json(), inputs)
     return ValidationOutput(markdown=markdown, charts=paths, validation=v)

@@ -5,4 +5,5 @@ FROM (
     FROM validate_pairs
 )
 WHERE rank <= $limit
-ORDER BY CASE metric WHEN 'ttft' THEN 0 WHEN 'tpot' THEN 1 WHEN 'e2e' THEN 2 ELSE 3 END, rank
+ORDER BY CASE metric WHEN 'ttft' THEN 0 WHEN 'tpot' THEN 1 WHEN 'itl' THEN 2 WHEN 'e2e' THEN 3
+                     WHEN 'queue' THEN 4 WHEN 'prefill' THEN 5 WHEN 'decode' THEN 6 ELSE 7 END, rank
