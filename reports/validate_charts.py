@@ -11,14 +11,20 @@ from pathlib import Path
 from replay.reports.plotting import COLORS, cdf_chart, plt, save_figure, use_log_scale
 from replay.reports.validate import METRICS, Validation
 
+PANELS_PER_ROW = 4  # scatter panels per row (up to eight metrics: TTFT ... cached tokens)
 CDF_POINTS = 2000  # at most this many evenly spaced order statistics per curve (exact at each point)
 
 
 def scatter_chart(path: Path, v: Validation) -> Path:
     """One panel per metric: each request's prediction against its measurement, with y = x."""
     metrics = [m for m in METRICS if m in v.samples]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.0 * len(metrics), 4.0), squeeze=False)
-    for ax, metric in zip(axes[0], metrics, strict=True):
+    cols = min(PANELS_PER_ROW, len(metrics))
+    rows = -(-len(metrics) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 4.0 * rows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[len(metrics):]:
+        ax.set_visible(False)
+    for ax, metric in zip(flat, metrics, strict=False):
         label, unit = METRICS[metric]
         xs, ys = v.samples[metric]["measured"], v.samples[metric]["predicted"]
         ax.scatter(xs, ys, s=8, alpha=0.5, color=COLORS[0], label="request")

@@ -48,8 +48,9 @@ def strategy_label(strategy: Any) -> str:
     if not isinstance(strategy, dict):
         return "unknown"
     kind = str(strategy.get("type_") or strategy.get("type") or "unknown")
-    if strategy.get("rate") is not None and kind in ("constant", "poisson"):
-        return f"{kind}@{float(strategy['rate']):.2f}"
+    rate = strategy.get("rate")
+    if isinstance(rate, int | float) and not isinstance(rate, bool) and kind in ("constant", "poisson"):
+        return f"{kind}@{float(rate):.2f}"
     if strategy.get("streams") is not None:
         return f"{kind}@{strategy['streams']}"
     return kind

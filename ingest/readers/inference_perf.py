@@ -129,8 +129,9 @@ class InferencePerfReader(RecordReader):
         e2e = None if end is None else (end - start) * 1000.0
         if e2e is not None and e2e < 0:
             raise Bad("end_time", "ends before it started")
-        token_times = resp.get("output_token_times") or []
-        chunks = resp.get("chunk_times") or token_times
+        token_times = resp.get("output_token_times") if isinstance(resp.get("output_token_times"), list) else []
+        chunks = resp.get("chunk_times") if isinstance(resp.get("chunk_times"), list) and resp["chunk_times"] \
+            else token_times
         ttft = None
         if token_times:
             ttft = (number(token_times[0], "output_token_times", allow_none=False) - start) * 1000.0

@@ -92,6 +92,10 @@ def _jaeger_span(span: dict) -> Span:
     return Span(span.get("spanID"), start, None if duration is None else start + duration * 1e-3, tags, failed)
 
 
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
 def raw_spans(doc: Any) -> Iterator[tuple[str, dict]]:
     """(shape, span object) for every span of a document in any supported export shape."""
     if isinstance(doc, list):
@@ -103,16 +107,15 @@ def raw_spans(doc: Any) -> Iterator[tuple[str, dict]]:
     if isinstance(doc.get("trace"), dict):  # Tempo v2 API
         yield from raw_spans(doc["trace"])
     for key in ("resourceSpans", "batches"):  # OTLP JSON; Tempo v1 API
-        for rs in doc.get(key) or []:
+        for rs in _list(doc.get(key)):
             if not isinstance(rs, dict):
                 continue
-            for scope in (rs.get("scopeSpans") or []) + (rs.get("instrumentationLibrarySpans") or []):
-                for span in (scope or {}).get("spans") or [] if isinstance(scope, dict) else []:
+            for scope in _list(rs.get("scopeSpans")) + _list(rs.get("instrumentationLibrarySpans")):
+                for span in _list(scope.get("spans")) if isinstance(scope, dict) else []:
                     yield "otlp", span
-    if isinstance(doc.get("data"), list):  # Jaeger
-        for trace in doc["data"]:
-            for span in (trace or {}).get("spans") or [] if isinstance(trace, dict) else []:
-                yield "jaeger", span
+    for trace in _list(doc.get("data")):  # Jaeger
+        for span in _list(trace.get("spans")) if isinstance(trace, dict) else []:
+            yield "jaeger", span
 
 
 class OtelReader(RecordReader):

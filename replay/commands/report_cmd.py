@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
         charts: bool = typer.Option(True, "--charts/--no-charts", help="Draw the PNG charts."),
         json_out: Path | None = typer.Option(None, "--json", help="Also write every metric as JSON here."),
         by: str | None = typer.Option(None, "--by", help="Also group the metrics by a trace label: model, tenant, "
-                                                         "request_type or priority."),
+                                                         "request_type, source_run or priority."),
     ) -> None:
         """Summarize one replay (or a sweep directory: ranked configs, best per SLO, Pareto chart)."""
         from replay.reports.sweep_views import is_sweep_dir

@@ -187,3 +187,20 @@ def test_inference_perf_v06_server_usage_wins() -> None:
     assert r["measured_cached_tokens"] == 112
     assert r["measured_ttft_ms"] == pytest.approx(62.0, abs=1e-6)
     assert r["measured_itl_mean_ms"] == pytest.approx(12.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("name, doc", [
+    ("g.json", {"benchmarks": [{"config": {"strategy": {"type_": "constant", "rate": "x"}},
+                                "requests": {"successful": [{"request_id": 1, "prompt_tokens": "a"}]}}]}),
+    ("g2.json", {"benchmarks": [1, 2]}),
+    ("o.json", {"resourceSpans": [{"scopeSpans": {"spans": 1}}]}),
+    ("j.json", {"data": [{"traceID": "a", "spans": [{"tags": [{"key": "gen_ai.usage.prompt_tokens", "value": 5}],
+                                                     "startTime": "zz"}]}]}),
+    ("i.json", [{"start_time": 1, "end_time": 2, "request": 5, "error": None,
+                 "info": {"response_metrics": {"output_token_times": {"a": 1}, "server_usage": 3}}}]),
+])
+def test_odd_shapes_are_errors_not_tracebacks(tmp_path: Path, name: str, doc) -> None:
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match=name):
+        load_trace(path)
