@@ -278,6 +278,16 @@ def _aiperf_record(i: int, r: dict[str, Any], base: float) -> str:
     return json.dumps({"metadata": metadata, "metrics": metrics, "error": error})
 
 
+def guidellm(outdir: Path, out: TextIO) -> None:
+    """The replay as a GuideLLM report (``reports/export_guidellm.py``), written to ``out``."""
+    from replay.reports.export_guidellm import write_guidellm
+
+    run = open_run(outdir)
+    run.con.close()
+    with _batches(outdir) as (batches, info, meta):
+        write_guidellm(batches, info, meta, _epoch_ms(meta) / 1000.0, run.trace_path, out, _JsonList)
+
+
 def export(outdir: str | Path, fmt: str, dest: str | Path) -> Path:
     """Write the replay in ``outdir`` as ``fmt`` to ``dest`` (atomically); returns ``dest``."""
     outdir, dest = Path(outdir), Path(dest)
@@ -289,8 +299,6 @@ def export(outdir: str | Path, fmt: str, dest: str | Path) -> Path:
     check_output_file(dest, inputs)  # before any work: never onto the replay's own files
     with atomic_path(dest, inputs) as tmp, open(tmp, "w", encoding="utf-8") as out:
         if fmt == "guidellm":
-            from replay.reports.export_guidellm import guidellm
-
             guidellm(outdir, out)
         else:
             (vllm_bench if fmt == "vllm-bench" else aiperf)(outdir, out)

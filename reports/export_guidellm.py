@@ -18,12 +18,12 @@ Unfinished requests are ``incomplete``, rejected ones ``errored`` with the reaso
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
+import pyarrow as pa
 import pyarrow.parquet as pq
-
-from replay.reports.export import _batches, _epoch_ms, _JsonList
 
 STATUSES = ("successful", "incomplete", "errored")
 
@@ -93,26 +93,23 @@ def _record(r: dict[str, Any], base_s: float) -> tuple[str, dict[str, Any]]:
     return status, rec
 
 
-def guidellm(outdir: Path, out: TextIO) -> None:
-    """The replay as a GuideLLM report (one JSON document), written to ``out``."""
-    from replay.reports.views import open_run
-
-    run = open_run(outdir)
-    run.con.close()
-    labels = _labels(run.trace_path)
-    groups: dict[str, dict[str, _JsonList]] = {}
+def write_guidellm(batches: Iterable[pa.RecordBatch], info: dict[str, Any], meta: Any, base_s: float,
+                   trace_path: Path | None, out: TextIO, json_list: Callable[[], Any]) -> None:
+    """The replay's request batches (``reports.export``'s stream, with ``itl_ms``) as a GuideLLM report
+    (one JSON document) written to ``out``; ``json_list`` makes the temp-file lists each status
+    of each benchmark is gathered in, so memory holds one batch at a time."""
+    labels = _labels(trace_path)
+    groups: dict[str, dict[str, Any]] = {}
     bounds: dict[str, list[float]] = {}
-    with _batches(outdir) as (batches, info, meta):
-        base = _epoch_ms(meta) / 1000.0
-        for batch in batches:
-            for r in batch.to_pylist():
-                label = labels.get(r["request_id"], "")
-                status, rec = _record(r, base)
-                lists = groups.setdefault(label, {s: _JsonList() for s in STATUSES})
-                lists[status].extend([rec])
-                lo_hi = bounds.setdefault(label, [rec["request_start_time"], rec["request_end_time"]])
-                lo_hi[0] = min(lo_hi[0], rec["request_start_time"])
-                lo_hi[1] = max(lo_hi[1], rec["request_end_time"])
+    for batch in batches:
+        for r in batch.to_pylist():
+            label = labels.get(r["request_id"], "")
+            status, rec = _record(r, base_s)
+            lists = groups.setdefault(label, {s: json_list() for s in STATUSES})
+            lists[status].extend([rec])
+            lo_hi = bounds.setdefault(label, [rec["request_start_time"], rec["request_end_time"]])
+            lo_hi[0] = min(lo_hi[0], rec["request_start_time"])
+            lo_hi[1] = max(lo_hi[1], rec["request_end_time"])
     runs = ((meta.source_run if meta is not None else None) or {}).get("benchmarks") or []
     config = info.get("config") or {}
     head = {"metadata": {"version": 1, "guidellm_version": None, "written_by": "replay export"},
