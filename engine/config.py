@@ -18,6 +18,7 @@ from replay.base.errors import ConfigError, ReplayError
 from replay.base.files import require_regular_file
 from replay.engine.hardware import get_hardware
 from replay.engine.models import ModelSpec, get_model
+from replay.engine.pd_config import KVTransferConfig, PoolConfig
 from replay.engine.router_options import OPTIONS_BY_ROUTER
 
 # Bytes per element of each weight and KV dtype.
@@ -121,16 +122,54 @@ class FleetConfig(StrictModel):
     router: RouterName = "round_robin"
     router_options: dict[str, Any] = Field(default_factory=dict)  # per router; unknown keys rejected
     router_latency_ms: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # arrival -> replica queue
+    # Disaggregated prefill/decode (docs/disagg.md): two pools, ``router`` picks the decode replica.
+    mode: Literal["aggregated", "disaggregated"] = "aggregated"
+    prefill: PoolConfig | None = None
+    decode: PoolConfig | None = None
+    kv_transfer: KVTransferConfig | None = None
+    prefill_router: RouterName = "round_robin"
+    prefill_router_options: dict[str, Any] = Field(default_factory=dict)
+    local_prefill_max_tokens: int | None = Field(None, ge=0)  # prefill on the decode replica up to this
+    prefill_queue_max: int | None = Field(None, ge=0)  # ... or when more requests wait for prefill
 
     @model_validator(mode="after")
     def _router_options(self) -> FleetConfig:
-        try:
-            OPTIONS_BY_ROUTER[self.router].model_validate(self.router_options)
-        except ValidationError as exc:
-            bad = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(options)'}: "
-                            f"{'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}" for e in exc.errors())
-            raise ValueError(f"router_options for router {self.router!r}: {bad}") from None
+        _check_router_options("router_options", self.router, self.router_options)
+        _check_router_options("prefill_router_options", self.prefill_router, self.prefill_router_options)
         return self
+
+    @model_validator(mode="after")
+    def _pools(self) -> FleetConfig:
+        pd_keys = ("prefill", "decode", "kv_transfer", "prefill_router", "prefill_router_options",
+                   "local_prefill_max_tokens", "prefill_queue_max")
+        if self.mode == "aggregated":
+            given = [k for k in pd_keys if k in self.model_fields_set]
+            if given:
+                raise ValueError(f"fleet.{given[0]} needs fleet.mode: disaggregated")
+            return self
+        for pool in ("prefill", "decode"):
+            if getattr(self, pool) is None:
+                raise ValueError(f"fleet.mode disaggregated needs fleet.{pool} (at least {{replicas: N}})")
+        if "replicas" in self.model_fields_set:
+            raise ValueError("fleet.replicas: a disaggregated fleet sizes its pools with fleet.prefill.replicas "
+                             "and fleet.decode.replicas")
+        if self.kv_transfer is None:
+            self.kv_transfer = KVTransferConfig()
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.mode == "disaggregated"
+
+
+def _check_router_options(key: str, router: str, options: dict[str, Any]) -> None:
+    try:
+        OPTIONS_BY_ROUTER[router].model_validate(options)
+    except ValidationError as exc:
+        bad = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(options)'}: "
+                        f"{'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}" for e in exc.errors())
+        what = "router_options" if key == "router_options" else f"{key}"
+        raise ValueError(f"{what} for router {router!r}: {bad}") from None
 
 
 class EngineConfig(StrictModel):
@@ -161,6 +200,38 @@ class EngineConfig(StrictModel):
     def _model_limits(self) -> EngineConfig:
         check_model_limits(self)
         return self
+
+    @model_validator(mode="after")
+    def _pool_configs(self) -> EngineConfig:
+        """A disaggregated fleet's pools must each be a valid engine, with one model and block size."""
+        if self.fleet is not None and self.fleet.disaggregated:
+            block_sizes = {pool: self.pool_config(pool).kv_cache.block_size for pool in ("prefill", "decode")}
+            if block_sizes["prefill"] != block_sizes["decode"]:
+                raise ValueError(f"fleet.decode.kv_cache.block_size: the pools must share one KV block size "
+                                 f"(prefill {block_sizes['prefill']}, decode {block_sizes['decode']}): vLLM's P/D "
+                                 f"connectors copy whole blocks")
+        return self
+
+    def pool_config(self, pool: str) -> EngineConfig:
+        """The engine config of one pool of a disaggregated fleet (``prefill`` or ``decode``): this
+        config with the pool's overrides merged in, and no fleet section. ValueError names the key."""
+        fleet = self.fleet
+        spec = getattr(fleet, pool, None) if fleet is not None else None
+        if spec is None:
+            raise ValueError(f"fleet.{pool}: not a disaggregated fleet")
+        data = self.model_dump(mode="python", exclude={"fleet"})
+        for key, value in spec.overrides().items():
+            if isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        try:
+            return EngineConfig.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            msg = "unknown key" if err["type"] == "extra_forbidden" else str(err.get("ctx", {}).get("error", err["msg"]))
+            raise ValueError(f"fleet.{pool}.{loc}: {msg}" if loc else f"fleet.{pool}: {msg}") from None
 
     def kv_cache_dtype(self) -> str:
         """The KV cache's element type: the weights' dtype unless ``kv_cache.cache_dtype`` names one."""

@@ -46,6 +46,9 @@ class EngineCore:
         self.kv_pool = scheduler.kv.pool
         self.spec_k = scheduler.limits.num_spec_tokens
         self.ff_ok = fast_forward and self.spec_k == 0
+        # False on a P/D prefill replica: the token it samples is discarded (the proxy asks for
+        # max_tokens=1 and streams the decode replica's tokens), and its finishes are handoffs.
+        self.emits_tokens = True
         self.check_invariants = check_invariants
         # What its decode windows use (decode_run: the timer's compiled window timing, if any).
         self.windows = DecodeWindowReplica(scheduler, timer.step_ms, recorder, replica,
@@ -148,6 +151,8 @@ class EngineCore:
         if out.total_tokens == 0:
             nxt = next_event(self)
             if out.num_preempted == 0 and nxt == math.inf:
+                if sched.num_held_requests:
+                    return math.inf, False  # P/D prefill replica: a decode replica's read frees blocks
                 raise ReplayError(self.stuck_message(now))
             self.idle_spins = self.idle_spins + 1 if nxt <= now else 0
             if self.idle_spins > 4 + len(sched.running):
@@ -180,10 +185,12 @@ class EngineCore:
         chunk_reqs: list[int] = []
         chunk_tokens: list[int] = []
         drafts, accepted = sched.update_from_output(out, end, finished, chunk_reqs, chunk_tokens)
-        if chunk_reqs:
+        emits = self.emits_tokens
+        if chunk_reqs and emits:
             rec.emit_chunks(chunk_reqs, end, chunk_tokens)
         for r in finished:
-            rec.request_finished(r)
+            if emits:
+                rec.request_finished(r)
             on_finished(r, end, self)
         pool = self.kv_pool
         free = pool.get_num_free_blocks()

@@ -39,7 +39,9 @@ from replay.engine.trace_input import TraceArrays, shared_lead_within
 
 ProgressFn = Callable[[float, int], None]
 
-_COMPLETE, _BEGIN = 0, 2  # heap phases; arrivals (not in the heap) sort between them at one instant
+# Heap phases. At one instant: step completions, then KV transfer events (disaggregated fleets,
+# engine/pd_fleet.py), then arrivals (not in the heap), then begins.
+_COMPLETE, TRANSFER_PHASE, _BEGIN = 0, 1, 2
 
 
 class FleetLoop:
@@ -202,22 +204,33 @@ class FleetLoop:
         self._dyn_seq += 1
         heapq.heappush(self._dynamic, (ready_ms, self._dyn_seq, idx))
 
+    def make_request(self, idx: int, time_ms: float) -> Request:
+        """Trace row ``idx`` as a request arriving at ``time_ms``."""
+        t = self.trace
+        off = t.hash_offsets
+        inp = int(t.input_tokens[idx])
+        keys = BlockKeys(t.hash_values, int(off[idx]), int(off[idx + 1]), t.hash_block_size,
+                         self.block_size, inp, idx, self.hash_lookahead, int(self._shared_lead[idx]))
+        return Request(idx, t.request_id[idx], time_ms, inp, int(t.output_tokens[idx]), keys,
+                       t.session_id[idx], int(t.turn[idx]) if t.turn[idx] >= 0 else None,
+                       int(t.priority[idx]))
+
     def _arrive(self, idx: int, time_ms: float, kind: int) -> None:
         reason = self.rejected.get(idx)
         if reason is not None:
             self.rec.request_rejected(idx, time_ms, reason)
             self._request_done(idx, time_ms)
             return
-        t = self.trace
-        off = t.hash_offsets
-        inp = int(t.input_tokens[idx])
-        keys = BlockKeys(t.hash_values, int(off[idx]), int(off[idx + 1]), t.hash_block_size,
-                         self.block_size, inp, idx, self.hash_lookahead, int(self._shared_lead[idx]))
-        req = Request(idx, t.request_id[idx], time_ms, inp, int(t.output_tokens[idx]), keys,
-                      t.session_id[idx], int(t.turn[idx]) if t.turn[idx] >= 0 else None,
-                      int(t.priority[idx]))
+        req = self.make_request(idx, time_ms)
         rid = 0 if self._predict == "single" else self.router.route(req, self.views, time_ms)
         self.rec.replica[idx] = rid
+        self.register_parent(req, rid)
+        self.deliver(req, self.cores[rid], time_ms + self.latency, kind)
+
+    def register_parent(self, req: Request, rid: int) -> None:
+        """A request whose finish releases closed-loop turns, now held by replica ``rid``: it bounds
+        the decode windows of the replicas its turns may reach (see _release_bound)."""
+        idx = req.idx
         deps = self.plan.dependents.get(idx)
         if deps and self._predict != "single":
             chains = self._chain_targets
@@ -228,12 +241,17 @@ class FleetLoop:
                         entries = self._parents.setdefault(target, {}).setdefault(rid, [])
                         insort(entries, (delay, self._seq, req))  # sorted by delay: scans stop early
                         self._parent_slots.setdefault(idx, []).append(entries)
-        core = self.cores[rid]
+
+    def deliver(self, req: Request, core: EngineCore, ready: float, kind: int) -> None:
+        """Hand ``req`` to ``core``, reaching its queue at ``ready``."""
         self._seq += 1
-        ready = time_ms + self.latency
         core.receive(req, ready, kind, self._seq)
+        self.wake(core, ready)
+
+    def wake(self, core: EngineCore, t: float) -> None:
+        """Make ``core`` act at ``t`` (or when its step in flight completes) if it would not act sooner."""
         if core.pending is None:  # a replica with a step in flight begins again when it completes
-            t_wake = max(ready, core.now)
+            t_wake = max(t, core.now)
             if t_wake < core.wake_ms:
                 self._push(core, t_wake, _BEGIN)
 
@@ -349,6 +367,15 @@ class FleetLoop:
         return a if a < t else t
 
     # -- the clock -----------------------------------------------------------------------------------
+    def push_transfer_event(self, t: float, version: int) -> None:
+        """Schedule a KV transfer event (disaggregated fleets); ``version`` lets later ones supersede it."""
+        self._seq += 1
+        heapq.heappush(self._heap, (t, TRANSFER_PHASE, self._seq, -1, version))
+
+    def transfer_event(self, t: float, version: int) -> None:
+        """A KV transfer event at ``t`` (only disaggregated fleets push them: engine/pd_fleet.py)."""
+        raise NotImplementedError
+
     def _push(self, core: EngineCore, t: float, phase: int) -> None:
         core.version += 1
         if t == math.inf:
@@ -380,8 +407,12 @@ class FleetLoop:
             t_open = open_times[ptr] if ptr < n_open else inf
             t_dyn = dynamic[0][0] if dynamic else inf
             t_arr = t_open if t_open <= t_dyn else t_dyn
-            if heap and (heap[0][0] < t_arr or (heap[0][0] == t_arr and heap[0][1] == _COMPLETE)):
+            if heap and (heap[0][0] < t_arr or (heap[0][0] == t_arr and heap[0][1] < _BEGIN)):
                 t, phase, _, rid, version = heapq.heappop(heap)
+                if phase == TRANSFER_PHASE:
+                    self.now = t
+                    self.transfer_event(t, version)
+                    continue
                 core = cores[rid]
                 if version != core.version:
                     continue  # superseded by an earlier wake-up

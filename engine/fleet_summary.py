@@ -8,15 +8,18 @@ from replay.engine.core import EngineCore
 from replay.engine.recorder import Recorder
 
 
-def fleet_summary(cores: list[EngineCore], recorder: Recorder, selected: np.ndarray, span_ms: float) -> dict:
+def fleet_summary(cores: list[EngineCore], recorder: Recorder, selected: np.ndarray, span_ms: float,
+                  replica_offset: int = 0) -> dict:
+    """``replica_offset``: the first core's fleet number (a disaggregated fleet's decode pool numbers
+    its replicas after the prefill pool's; requests name them within the pool)."""
     replica_of = recorder.replica[selected]
     finished = recorder.status[selected] == 0
     per_replica = []
     for core in cores:
         s = core.sched
-        mine = replica_of == core.replica
+        mine = replica_of == core.replica - replica_offset
         row = {
-            "replica": core.replica,
+            "replica": core.replica - replica_offset,
             "requests": int(mine.sum()),
             "finished": int((mine & finished).sum()),
             "steps": core.step_idx,

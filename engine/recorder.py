@@ -22,6 +22,7 @@ from replay.engine.output_schema import (
     STATUS_UNFINISHED,
     STEPS_SCHEMA,
 )
+from replay.engine.pd_outputs import PD_REQUEST_FIELDS, POOL_FIELD, PDRequestColumns, pool_step_columns
 from replay.engine.request import Request
 from replay.engine.row_runs import ChunkRuns, ColumnCutter, StepRow, StepRuns, WindowRows
 from replay.engine.trace_input import TraceArrays
@@ -44,9 +45,12 @@ def _stream_opts(schema: pa.Schema) -> dict:
 
 
 class Recorder:
-    def __init__(self, trace: TraceArrays, outdir: Path, *, replica_column: bool = False) -> None:
+    def __init__(self, trace: TraceArrays, outdir: Path, *, replica_column: bool = False,
+                 pd_columns: PDRequestColumns | None = None, num_prefill: int = 0) -> None:
         """``replica_column``: a fleet of more than one replica adds a ``replica`` column to
-        requests.parquet and steps.parquet (a fleet of one writes exactly the single-engine files)."""
+        requests.parquet and steps.parquet (a fleet of one writes exactly the single-engine files).
+        ``pd_columns``: a disaggregated fleet (``num_prefill`` prefill replicas numbered first) adds
+        its request columns and a ``pool`` column on steps (engine/pd_outputs.py)."""
         n = len(trace)
         self.trace = trace
         self.outdir = outdir
@@ -72,6 +76,12 @@ class Recorder:
         self._requests_schema = (REQUESTS_SCHEMA.append(pa.field("replica", pa.int32())) if replica_column
                                  else REQUESTS_SCHEMA)
         self._step_dtypes = [np.dtype(f.type.to_pandas_dtype()) for f in self._steps_schema]
+        self.pd_columns = pd_columns
+        self.num_prefill = num_prefill
+        if pd_columns is not None:
+            self._steps_schema = self._steps_schema.append(POOL_FIELD)
+            for field in PD_REQUEST_FIELDS:
+                self._requests_schema = self._requests_schema.append(field)
         # Pending rows as runs, handed whole to the writer thread (which cuts exact row groups).
         self._chunk_runs = ChunkRuns()
         self._step_runs = StepRuns(replica_column)
@@ -177,7 +187,12 @@ class Recorder:
         due = self._step_cutter.cut(runs.columns(self._step_dtypes), final)
         if due is None:
             return
-        table = pa.Table.from_arrays([pa.array(v) for v in due], schema=self._steps_schema)
+        arrays = [pa.array(v) for v in due]
+        if self.pd_columns is not None:  # replica numbers count within each pool
+            pool, local = pool_step_columns(np.asarray(due[-1]), self.num_prefill)
+            arrays[-1] = local
+            arrays.append(pool)
+        table = pa.Table.from_arrays(arrays, schema=self._steps_schema)
         self._step_writer.write_table(table, row_group_size=_STEP_ROWS_BUFFERED)
 
     def close(self) -> None:
@@ -248,5 +263,8 @@ class Recorder:
         }
         if self.replica_column:
             cols["replica"] = pa.array(self.replica[sel], mask=self.replica[sel] < 0)
+        if self.pd_columns is not None:
+            for field, column in zip(PD_REQUEST_FIELDS, self.pd_columns.columns(sel, self.replica, self.load_wait)):
+                cols[field.name] = column
         table = pa.Table.from_pydict(cols, schema=self._requests_schema)
         pq.write_table(table, self.outdir / "requests.parquet", row_group_size=_ROW_GROUP, **_PARQUET_OPTS)

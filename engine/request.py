@@ -13,7 +13,7 @@ from replay.engine.block_keys import BlockKeys
 
 class RequestStatus(IntEnum):
     WAITING = 0
-    WAITING_FOR_REMOTE_KVS = 1  # G2 tier: an H2D load is in flight (vLLM's name)
+    WAITING_FOR_REMOTE_KVS = 1  # a KV load is in flight: G2's H2D copy or a P/D transfer (vLLM's name)
     RUNNING = 2
     PREEMPTED = 3
     FINISHED = 4
@@ -31,6 +31,7 @@ class Request:
         "load_start_ms", "num_drafts", "num_draft_tokens_total", "num_accepted_tokens",
         "spec_step", "stores_done_ms", "num_stored_offload_blocks",
         "load_keys", "lookup_memo", "is_prefill_chunk", "padded_drafts",
+        "do_remote_prefill", "do_remote_decode", "remote_loading",
     )
 
     def __init__(self, idx: int, request_id: str, arrival_ms: float, num_prompt_tokens: int,
@@ -69,6 +70,12 @@ class Request:
         self.load_keys: list[range] = []  # G2: runs of CPU keys pinned by this request's H2D load
         self.is_prefill_chunk = False  # vLLM: its last scheduled chunk ended before its last known token
         self.padded_drafts = False  # vLLM pad_spec_decode: this step's drafts are placeholders
+        # P/D (vLLM's kv_transfer_params): on a prefill replica, do_remote_decode keeps the finished
+        # request's blocks for the decode replica to read; on a decode replica, do_remote_prefill
+        # reads the prompt's KV instead of computing it (cleared once the read starts: remote_loading).
+        self.do_remote_prefill = False
+        self.do_remote_decode = False
+        self.remote_loading = False
         self.lookup_memo: tuple | None = None  # G2: (store version, ready bound, start, hits, blocks, key runs, their groups) of the last lookup
 
     @property

@@ -21,6 +21,8 @@ from replay.engine.config import EngineConfig
 from replay.engine.core import EngineCore
 from replay.engine.fleet import FleetLoop, ProgressFn
 from replay.engine.output_schema import RUN_FILE
+from replay.engine.pd_outputs import PDRequestColumns
+from replay.engine.pd_run import build_pd_parts, is_disaggregated, pools_summary, prefill_pool_rejects, run_pd_fleet
 from replay.engine.recorder import Recorder
 from replay.engine.routers import Router, RouterContext, build_router
 from replay.engine.run_info import ReplayFacts, build_run_info, trace_fingerprint
@@ -132,14 +134,20 @@ class ReplayedRequests:
 def select_requests(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, *, on_error: str,
                     trace_path: str | Path | None) -> ReplayedRequests:
     """The rows to replay; unless ``on_error == "skip"``, a request that can never complete is an
-    error naming the first few (a replay would otherwise report it unfinished, hiding the cause)."""
+    error naming the first few (a replay would otherwise report it unfinished, hiding the cause).
+    A disaggregated fleet checks its decode pool (``setup``) and its prefill pool."""
     where = str(trace_path) if trace_path else None
     n = len(trace)
     if n == 0:
         raise TraceError("the trace has no rows", path=where)
     limit = config.load.max_requests
     selected = np.arange(min(n, limit) if limit else n, dtype=np.int64)
-    rejected = find_unreplayable(trace, selected, config, setup)
+    if is_disaggregated(config):
+        rejected = {**prefill_pool_rejects(trace, selected, config),
+                    **find_unreplayable(trace, selected, config.pool_config("decode"), setup)}
+        rejected = {i: rejected[i] for i in sorted(rejected)}
+    else:
+        rejected = find_unreplayable(trace, selected, config, setup)
     if rejected and on_error != "skip":
         ids = [f"{trace.request_id[i]} ({why})" for i, why in list(rejected.items())[:_MAX_LISTED]]
         more = f" and {len(rejected) - _MAX_LISTED} more" if len(rejected) > _MAX_LISTED else ""
@@ -226,12 +234,29 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
     setup = setup or resolve_setup(config)
     trace = trace_arrays(table, meta.hash_block_size)
     requests = select_requests(trace, config, setup, on_error=on_error, trace_path=trace_path)
-    parts = build_fleet_parts(trace, config, setup, requests.selected)
+    disaggregated = is_disaggregated(config)
     inputs = [trace_path, *config_input_files(config, config_path)]
+    if disaggregated:
+        pd_parts = build_pd_parts(trace, config, setup, requests.selected)
+        delay_rule = pd_parts.plan.delay_rule
+        inputs += [f for pool in (pd_parts.prefill, pd_parts.decode) for f in config_input_files(pool.config)]
+    else:
+        parts = build_fleet_parts(trace, config, setup, requests.selected)
+        delay_rule = parts.plan.delay_rule
+    pools = None
     with atomic_dir(outdir, overwrite=overwrite, inputs=inputs) as tmp:
-        recorder = Recorder(trace, tmp, replica_column=len(parts.schedulers) > 1)
-        loop = run_fleet(trace, config, setup, parts, requests, recorder, progress=progress,
-                         fast_forward=fast_forward, check_invariants=check_invariants)
+        if disaggregated:
+            columns = PDRequestColumns(len(trace))
+            recorder = Recorder(trace, tmp, replica_column=True, pd_columns=columns,
+                                num_prefill=len(pd_parts.prefill.schedulers))
+            pd_loop = run_pd_fleet(trace, config, pd_parts, requests.rejected, recorder, columns, progress=progress,
+                                   fast_forward=fast_forward, check_invariants=check_invariants)
+            pools = pools_summary(pd_loop, pd_parts, pd_loop.now)
+            loop: FleetLoop = pd_loop
+        else:
+            recorder = Recorder(trace, tmp, replica_column=len(parts.schedulers) > 1)
+            loop = run_fleet(trace, config, setup, parts, requests, recorder, progress=progress,
+                             fast_forward=fast_forward, check_invariants=check_invariants)
         trace_file = store_trace(table, meta, trace_path, outdir, tmp)
         fingerprint = trace_fingerprint(table)
         wall_time_s = round(time.perf_counter() - wall_start, 3)
@@ -239,7 +264,7 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
                             meta=meta, trace=trace, trace_file=trace_file, selected=requests.selected,
                             rejected=requests.rejected, cores=loop.cores, recorder=recorder,
                             simulated_span_ms=loop.now, wall_time_s=wall_time_s,
-                            session_delay_rule=parts.plan.delay_rule)
+                            session_delay_rule=delay_rule, pools=pools)
         info = build_run_info(facts)
         write_json_atomic(tmp / RUN_FILE, info)
     return RunSummary(outdir=Path(outdir), run_info=info)

@@ -66,6 +66,7 @@ class ReplayFacts:
     simulated_span_ms: float
     wall_time_s: float
     session_delay_rule: str
+    pools: dict | None = None  # a disaggregated fleet's per-pool totals and KV transfers (engine/pd_run.py)
 
 
 def run_totals(facts: ReplayFacts) -> dict:
@@ -148,6 +149,11 @@ def build_run_info(facts: ReplayFacts) -> dict:
         "prefix_hit_rate": (totals["prefix_hit_tokens"] / totals["prefix_query_tokens"]
                             if totals["prefix_query_tokens"] else None),
     }
-    if config.fleet is not None:
+    if facts.pools is not None:  # the fleet's replicas are the decode pool's; the pools section has both
+        decode = [c for c in cores if c.emits_tokens]
+        offset = len(cores) - len(decode)
+        info["fleet"] = fleet_summary(decode, facts.recorder, facts.selected, facts.simulated_span_ms, offset)
+        info["pools"] = facts.pools
+    elif config.fleet is not None:
         info["fleet"] = fleet_summary(cores, facts.recorder, facts.selected, facts.simulated_span_ms)
     return info

@@ -29,7 +29,10 @@ class EngineSetup:
 
 
 def resolve_setup(config: EngineConfig) -> EngineSetup:
-    """Model, KV capacity and step timer for a config (errors name the config key)."""
+    """Model, KV capacity and step timer for a config (errors name the config key). A disaggregated
+    fleet's setup is its decode pool's, where requests complete (engine/pd_run.py resolves both)."""
+    if config.fleet is not None and config.fleet.disaggregated:
+        config = config.pool_config("decode")
     model = get_model(config.model)
     cap = resolve_num_gpu_blocks(config)
     timer = build_timer(config)

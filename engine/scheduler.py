@@ -8,6 +8,8 @@ listed in docs/engine.md.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
 
@@ -79,6 +81,10 @@ class Scheduler:
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
         self.cpu_hit_tokens = 0
+        # Disaggregated fleets (engine/pd_fleet.py): prefill replicas count the finished requests
+        # whose blocks wait for a decode replica's read; decode replicas start reads through this.
+        self.num_held_requests = 0
+        self.start_remote_load: Callable[[Request, int, float], None] | None = None
 
     # ------------------------------------------------------------------ queues
     def add_request(self, req: Request) -> None:
@@ -233,8 +239,14 @@ class Scheduler:
                 if r.load_ready_ms > now_ms:
                     skipped.append(waiting.pop())  # not head-of-line: vLLM skips it this step
                     continue
-                offload.finish_load(r)
-                kv.allocate_slots(r, 0, None, 0)  # the loaded blocks become findable only now (vLLM)
+                if r.remote_loading:
+                    kv.allocate_slots(r, 0, None, 0)  # the read blocks become findable only now (vLLM)
+                    r.remote_loading = False
+                    if r.num_computed_tokens == r.num_tokens:  # vLLM _update_waiting_for_remote_kv:
+                        r.num_computed_tokens -= 1  # the last prompt token is recomputed to sample
+                else:
+                    offload.finish_load(r)
+                    kv.allocate_slots(r, 0, None, 0)  # the loaded blocks become findable only now (vLLM)
                 r.status = RequestStatus.WAITING
                 r.load_wait_ms += now_ms - r.load_start_ms
 
@@ -243,7 +255,10 @@ class Scheduler:
             num_external = 0
             if r.num_computed_tokens == 0:
                 new_computed, num_local = kv.get_computed_blocks(r)
-                if offload is not None:
+                if r.do_remote_prefill:
+                    # vLLM NixlConnector: the rest of the prompt (its partial last block included) is read.
+                    num_external = r.num_prompt_tokens - num_local
+                elif offload is not None:
                     num_external = offload.get_num_new_matched_tokens(r, num_local, now_ms)
             num_computed = r.num_computed_tokens + num_local + num_external
             known = r.num_prompt_tokens + r.num_output_tokens
@@ -256,9 +271,18 @@ class Scheduler:
                 if not kv.allocate_slots(r, num_external, new_computed, 0, delay_cache=True):
                     break
                 waiting.pop()
-                self._record_first_admission(r, num_local, num_external)
+                remote = r.do_remote_prefill
+                self._record_first_admission(r, num_local, 0 if remote else num_external)
                 r.num_computed_tokens = num_computed
-                offload.start_load(r, num_local, num_external, now_ms)
+                if remote:
+                    r.do_remote_prefill = False  # one read per request (vLLM clears it at allocation)
+                    r.remote_loading = True
+                    r.load_ready_ms = math.inf  # the transfer network sets it when the read lands
+                    start = self.start_remote_load
+                    assert start is not None  # a decode replica of a disaggregated fleet has one
+                    start(r, num_local, now_ms)
+                else:
+                    offload.start_load(r, num_local, num_external, now_ms)
                 r.status = RequestStatus.WAITING_FOR_REMOTE_KVS
                 r.load_start_ms = now_ms
                 skipped.append(r)
@@ -453,12 +477,25 @@ class Scheduler:
         if finished:
             running_status = RequestStatus.RUNNING
             self.running = [r for r in self.running if r.status is running_status]
-            offload = self.offload
             for r in finished:
-                if offload is not None:
-                    offload.request_finished(r, end_ms)
+                if r.do_remote_decode:
+                    # P/D prefill replica (vLLM request_finished -> delay_free_blocks): the blocks stay
+                    # held until the decode replica has read them (release_held).
+                    self.num_held_requests += 1
                 else:
-                    self.kv.free(r)
+                    self.free_request_blocks(r, end_ms)
+
+    def free_request_blocks(self, r: Request, end_ms: float) -> None:
+        """A finished request gives its GPU blocks back (after its G2 stores, with host offload)."""
+        if self.offload is not None:
+            self.offload.request_finished(r, end_ms)
+        else:
+            self.kv.free(r)
+
+    def release_held(self, r: Request, now_ms: float) -> None:
+        """P/D prefill replica: the decode replica has read ``r``'s KV (vLLM finished_sending)."""
+        self.num_held_requests -= 1
+        self.free_request_blocks(r, now_ms)
 
 
 def length_reached(r: Request, max_model_len: int) -> bool:

@@ -25,15 +25,16 @@ def prefill_lookahead(config: EngineConfig) -> int:
     return k if min(layers, k) > 1 else 1
 
 
-def kv_cache_manager_for(config: EngineConfig, num_gpu_blocks: int) -> KVCacheManager:
-    """The KV cache manager `replay run` uses (and the vLLM parity harness drives)."""
+def kv_cache_manager_for(config: EngineConfig, num_gpu_blocks: int, kv_connector: bool = False) -> KVCacheManager:
+    """The KV cache manager `replay run` uses (and the vLLM parity harness drives). ``kv_connector``:
+    a KV connector other than G2 is configured (the P/D connector of a disaggregated fleet)."""
     k = config.speculative.num_speculative_tokens if config.speculative else 0
     v011 = config.semantics == "0.11"
     caching = config.kv_cache.enable_prefix_caching
     la = prefill_lookahead(config) if (k and not v011) else 0
     # [0.33] VllmConfig.num_hash_lookahead_tokens: the prefill lookahead, but 0 (legacy hashes, and
     # so the EAGLE/MTP last-block drop) under a KV connector such as the G2 OffloadingConnector.
-    connector = config.host_offload is not None
+    connector = config.host_offload is not None or kv_connector
     kv = KVCacheManager(num_gpu_blocks, config.kv_cache.block_size, caching,
                         hash_lookahead=la if (caching and not connector) else 0,
                         drop_last_hit=bool(k and (v011 or connector)),
@@ -60,12 +61,13 @@ def scheduler_limits_for(config: EngineConfig, num_gpu_blocks: int, max_model_le
 
 
 def build_scheduler(config: EngineConfig, num_gpu_blocks: int, max_model_len: int, *,
-                    sampler: AcceptanceSampler | None = None, kv_bytes_per_token: int = 0) -> Scheduler:
+                    sampler: AcceptanceSampler | None = None, kv_bytes_per_token: int = 0,
+                    kv_connector: bool = False) -> Scheduler:
     """One replica's scheduler as ``replay run`` builds it: its own KV cache and, with
     ``host_offload``, its own G2 tier (replicas share nothing else). ``sampler`` draws MTP
     acceptance (a fleet's replicas share one); built from the config when not given.
     ``kv_bytes_per_token`` prices G2 copies (the config's own figure when 0)."""
-    kv = kv_cache_manager_for(config, num_gpu_blocks)
+    kv = kv_cache_manager_for(config, num_gpu_blocks, kv_connector)
     if sampler is None and config.speculative is not None:
         sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
     offload = None

@@ -1,0 +1,72 @@
+"""Config of a disaggregated fleet: the prefill and decode pools and the KV transfer between them.
+
+Kept apart from engine/config.py (which only adds the keys to ``fleet``) so the P/D keys read as one
+piece; docs/disagg.md documents every key and its source. The pools' engine overrides are merged
+into the surrounding engine config by ``EngineConfig.pool_config``; only the keys named here may
+differ between pools (the model may not: a prefill pool's KV must be the decode pool's KV).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Engine sections a pool may override (the rest of the config is shared by both pools).
+POOL_OVERRIDE_KEYS = ("hardware", "tensor_parallel_size", "scheduler", "kv_cache", "host_offload", "speculative")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
+
+
+class PoolConfig(_Strict):
+    """One pool: how many replicas, and the engine keys it sets differently from the shared config.
+    Sections (scheduler, kv_cache, ...) are merged key by key into the shared ones; ``host_offload:
+    null`` or ``speculative: null`` turns that feature off for this pool."""
+
+    replicas: int = Field(1, gt=0, le=4096)
+    hardware: str | None = None
+    tensor_parallel_size: int | None = Field(None, gt=0)
+    scheduler: dict[str, Any] | None = None
+    kv_cache: dict[str, Any] | None = None
+    host_offload: dict[str, Any] | None = None
+    speculative: dict[str, Any] | None = None
+
+    def overrides(self) -> dict[str, Any]:
+        """The engine keys this pool sets (explicit nulls included), for merging."""
+        return {k: getattr(self, k) for k in POOL_OVERRIDE_KEYS if k in self.model_fields_set}
+
+
+class KVTransferConfig(_Strict):
+    """The prefill -> decode KV transfer (vLLM's NixlConnector reads). Defaults: one 400 Gb/s NIC
+    per replica (NVIDIA ConnectX-7, 50 GB/s of payload at line rate), no fixed latency."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=True)
+
+    bandwidth_gb_per_s: float = 50.0  # per link: a replica's egress (prefill) or ingress (decode); inf allowed
+    latency_ms: float = Field(0.0, ge=0.0)  # fixed cost per transfer (handshake, notification), after its bytes
+    bytes_per_token: int | Literal["auto"] = "auto"  # auto: the model's KV per token, all layers and heads
+    timing_mode: Literal["destination_missing", "full_prompt"] = "destination_missing"
+
+    @field_validator("bandwidth_gb_per_s")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if math.isnan(v) or v <= 0:
+            raise ValueError(f"must be > 0 GB/s (got {v}); use .inf for an instantaneous link")
+        return v
+
+    @field_validator("latency_ms")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number of milliseconds")
+        return v
+
+    @field_validator("bytes_per_token")
+    @classmethod
+    def _positive_bytes(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v <= 0:
+            raise ValueError("must be > 0 (or auto)")
+        return v

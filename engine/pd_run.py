@@ -1,0 +1,179 @@
+"""Building and running a disaggregated fleet for ``replay run`` (engine/run.py calls these).
+
+Each pool is an engine config of its own (``EngineConfig.pool_config``: the shared config with the
+pool's overrides), resolved like any run (capacity, length limit, step timer), with the P/D
+connector on (vLLM's NixlConnector on both sides: no MTP hash lookahead, as with any KV connector).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from replay.engine.arrivals import ArrivalPlan, plan_arrivals
+from replay.engine.config import DTYPE_BYTES, EngineConfig
+from replay.engine.core import EngineCore
+from replay.engine.fleet import ProgressFn
+from replay.engine.kv_transfer import TransferNetwork
+from replay.engine.models import get_model
+from replay.engine.pd_fleet import PDFleetLoop
+from replay.engine.pd_outputs import PDRequestColumns
+from replay.engine.recorder import Recorder
+from replay.engine.routers import Router, RouterContext, build_router
+from replay.engine.run_setup import EngineSetup, resolve_setup
+from replay.engine.scheduler import Scheduler
+from replay.engine.scheduler_factory import build_scheduler
+from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
+from replay.engine.trace_input import TraceArrays
+
+POOLS = ("prefill", "decode")
+
+
+def is_disaggregated(config: EngineConfig) -> bool:
+    return config.fleet is not None and config.fleet.disaggregated
+
+
+def transfer_bytes_per_token(config: EngineConfig) -> int:
+    """``fleet.kv_transfer.bytes_per_token``, or from the model's KV layout (``auto``): every KV
+    head of every KV layer once (what must cross, however either side splits it over its ranks)."""
+    given = config.fleet.kv_transfer.bytes_per_token
+    if given != "auto":
+        return int(given)
+    decode = config.pool_config("decode")
+    model = get_model(decode.model)
+    per_layer = model.kv_elems_per_token_per_layer(1) * DTYPE_BYTES[decode.kv_cache_dtype()]
+    return per_layer * decode.num_kv_layers(model)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One pool's resolved engine: its config, setup and one scheduler per replica."""
+
+    name: str
+    config: EngineConfig
+    setup: EngineSetup
+    schedulers: list[Scheduler]
+
+
+@dataclass(frozen=True)
+class PDParts:
+    prefill: Pool
+    decode: Pool
+    plan: ArrivalPlan
+    decode_router: Router | None
+    prefill_router: Router | None
+
+
+def _pool(config: EngineConfig, name: str, trace: TraceArrays, setup: EngineSetup | None) -> Pool:
+    pool_cfg = config.pool_config(name)
+    setup = setup or resolve_setup(pool_cfg)
+    sampler = None
+    if pool_cfg.speculative is not None:
+        sampler = AcceptanceSampler(resolve_rates(pool_cfg.speculative), pool_cfg.speculative.seed)
+    replicas = getattr(config.fleet, name).replicas
+    schedulers = [build_scheduler(pool_cfg, setup.num_gpu_blocks, setup.max_model_len, sampler=sampler,
+                                  kv_bytes_per_token=setup.kv_bytes_per_token, kv_connector=True)
+                  for _ in range(replicas)]
+    return Pool(name=name, config=pool_cfg, setup=setup, schedulers=schedulers)
+
+
+def _router(name: str, options: dict, pool: Pool, config: EngineConfig, trace: TraceArrays) -> Router | None:
+    n = len(pool.schedulers)
+    if n == 1:
+        return None  # one replica: nobody to choose between (as in any fleet of one)
+    ctx = RouterContext(num_replicas=n, block_size=pool.config.kv_cache.block_size,
+                        num_gpu_blocks=pool.setup.num_gpu_blocks, seed=config.seed, trace=trace)
+    return build_router(name, options, ctx)
+
+
+def build_pd_parts(trace: TraceArrays, config: EngineConfig, decode_setup: EngineSetup,
+                   selected: np.ndarray) -> PDParts:
+    fleet = config.fleet
+    prefill = _pool(config, "prefill", trace, None)
+    decode = _pool(config, "decode", trace, decode_setup)
+    plan = plan_arrivals(trace, config.load, config.seed, selected)
+    return PDParts(prefill=prefill, decode=decode, plan=plan,
+                   decode_router=_router(fleet.router, fleet.router_options, decode, config, trace),
+                   prefill_router=_router(fleet.prefill_router, fleet.prefill_router_options, prefill, config, trace))
+
+
+def prefill_pool_rejects(trace: TraceArrays, selected: np.ndarray, config: EngineConfig) -> dict[int, str]:
+    """Requests whose prompt cannot fit the prefill pool's KV cache (the decode pool is checked like
+    any run's): they are rejected with the reason, never left waiting."""
+    pool_cfg = config.pool_config("prefill")
+    setup = resolve_setup(pool_cfg)
+    bs = pool_cfg.kv_cache.block_size
+    usable = setup.num_gpu_blocks - 1
+    inp = trace.input_tokens[selected]
+    needed = -(-inp // bs)
+    rejected = {}
+    for pos in np.flatnonzero(needed > usable):
+        rejected[int(selected[pos])] = (f"prompt needs {int(needed[pos])} KV blocks but a prefill replica's cache "
+                                        f"has only {usable} usable blocks of {bs} tokens")
+    return rejected
+
+
+def run_pd_fleet(trace: TraceArrays, config: EngineConfig, parts: PDParts, rejected: dict[int, str],
+                 recorder: Recorder, columns: PDRequestColumns, *, progress: ProgressFn | None,
+                 fast_forward: bool, check_invariants: bool) -> PDFleetLoop:
+    """Simulate the replay on the two pools into ``recorder`` (closed on success, aborted on error)."""
+    fleet = config.fleet
+    transfer = fleet.kv_transfer
+    num_prefill = len(parts.prefill.schedulers)
+    prefill_cores = [EngineCore(i, s, parts.prefill.setup.timer, recorder, fast_forward=fast_forward,
+                                check_invariants=check_invariants) for i, s in enumerate(parts.prefill.schedulers)]
+    decode_cores = [EngineCore(num_prefill + i, s, parts.decode.setup.timer, recorder, fast_forward=fast_forward,
+                               check_invariants=check_invariants) for i, s in enumerate(parts.decode.schedulers)]
+    network = TransferNetwork(transfer.bandwidth_gb_per_s, transfer.latency_ms)
+    loop = PDFleetLoop(trace, parts.plan, prefill_cores, decode_cores, parts.decode_router, parts.prefill_router,
+                       recorder, columns, network, block_size=parts.decode.config.kv_cache.block_size,
+                       hash_lookahead=parts.decode.schedulers[0].kv.hash_lookahead, rejected=rejected,
+                       transfer_bytes_per_token=transfer_bytes_per_token(config),
+                       transfer_full_prompt=transfer.timing_mode == "full_prompt",
+                       local_prefill_max_tokens=fleet.local_prefill_max_tokens,
+                       prefill_queue_max=fleet.prefill_queue_max,
+                       router_latency_ms=fleet.router_latency_ms, progress=progress)
+    try:
+        loop.run()
+    except BaseException:
+        recorder.abort()
+        raise
+    recorder.close()
+    return loop
+
+
+def pools_summary(loop: PDFleetLoop, parts: PDParts, span_ms: float) -> dict:
+    """run.json ``pools``: per pool replicas, GPUs, busy time, GPU-seconds and utilization; and the
+    KV transfers' volume and link time."""
+    out = {}
+    for pool, cores in ((parts.prefill, loop.prefill_cores), (parts.decode, loop.decode_cores)):
+        tp = pool.config.tensor_parallel_size
+        busy = sum(c.busy_ms for c in cores)
+        gpus = len(cores) * tp
+        out[pool.name] = {
+            "replicas": len(cores),
+            "tensor_parallel_size": tp,
+            "hardware": pool.config.hardware,
+            "gpus": gpus,
+            "num_gpu_blocks": pool.setup.num_gpu_blocks,
+            "steps": sum(c.step_idx for c in cores),
+            "busy_ms": busy,
+            "gpu_seconds": gpus * span_ms / 1e3,
+            "busy_gpu_seconds": busy * tp / 1e3,
+            "utilization": busy / (len(cores) * span_ms) if span_ms > 0 else 0.0,
+            "prefix_query_tokens": sum(c.sched.prefix_query_tokens for c in cores),
+            "prefix_hit_tokens": sum(c.sched.prefix_hit_tokens for c in cores),
+            "preemptions": sum(c.sched.total_preemptions for c in cores),
+        }
+    net = loop.network
+    busy = net.link_busy_ms
+    out["kv_transfer"] = {
+        "transfers": net.total_transfers,
+        "bytes": net.total_bytes,
+        "bandwidth_gb_per_s": net.bytes_per_ms / 1e6 if net.bytes_per_ms != float("inf") else None,
+        "bytes_per_token": loop.bytes_per_token,
+        "prefill_egress_busy_ms": [busy.get(("prefill", i), 0.0) for i in range(len(loop.prefill_cores))],
+        "decode_ingress_busy_ms": [busy.get(("decode", i), 0.0) for i in range(len(loop.decode_cores))],
+    }
+    return out
