@@ -151,7 +151,7 @@ class EngineCore:
         if out.total_tokens == 0:
             nxt = next_event(self)
             if out.num_preempted == 0 and nxt == math.inf:
-                if sched.num_held_requests:
+                if sched.held_requests:
                     return math.inf, False  # P/D prefill replica: a decode replica's read frees blocks
                 raise ReplayError(self.stuck_message(now))
             self.idle_spins = self.idle_spins + 1 if nxt <= now else 0
@@ -241,6 +241,7 @@ class EngineCore:
         reqs = list(sched.running) + [r for r in sched.waiting if r.block_ids]
         if self.offload is not None:
             reqs += self.offload.requests_holding_blocks()
+        reqs += sched.held_requests.values()
         for r in reqs:
             keys = r.keys.block_keys(0, sched.kv.num_registered_blocks(r))
             for j, b in enumerate(r.block_ids):

@@ -218,7 +218,7 @@ class PDFleetLoop(FleetLoop):
     def _next_event(self, core: EngineCore) -> float:
         t = super()._next_event(core)
         d = core.replica - self.num_prefill
-        if (self._incoming[d] if d >= 0 else core.sched.num_held_requests):
+        if (self._incoming[d] if d >= 0 else core.sched.held_requests):
             n = self.network.next_event_ms()
             if n < t:
                 t = n

@@ -22,7 +22,13 @@ from replay.engine.core import EngineCore
 from replay.engine.fleet import FleetLoop, ProgressFn
 from replay.engine.output_schema import RUN_FILE
 from replay.engine.pd_outputs import PDRequestColumns
-from replay.engine.pd_run import build_pd_parts, is_disaggregated, pools_summary, prefill_pool_rejects, run_pd_fleet
+from replay.engine.pd_run import (
+    build_pd_parts,
+    is_disaggregated,
+    pools_summary,
+    prefill_pool_rejects,
+    run_pd_fleet,
+)
 from replay.engine.recorder import Recorder
 from replay.engine.routers import Router, RouterContext, build_router
 from replay.engine.run_info import ReplayFacts, build_run_info, trace_fingerprint

@@ -81,9 +81,9 @@ class Scheduler:
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
         self.cpu_hit_tokens = 0
-        # Disaggregated fleets (engine/pd_fleet.py): prefill replicas count the finished requests
+        # Disaggregated fleets (engine/pd_fleet.py): prefill replicas keep the finished requests
         # whose blocks wait for a decode replica's read; decode replicas start reads through this.
-        self.num_held_requests = 0
+        self.held_requests: dict[int, Request] = {}  # trace row -> finished request, blocks held
         self.start_remote_load: Callable[[Request, int, float], None] | None = None
 
     # ------------------------------------------------------------------ queues
@@ -481,7 +481,7 @@ class Scheduler:
                 if r.do_remote_decode:
                     # P/D prefill replica (vLLM request_finished -> delay_free_blocks): the blocks stay
                     # held until the decode replica has read them (release_held).
-                    self.num_held_requests += 1
+                    self.held_requests[r.idx] = r
                 else:
                     self.free_request_blocks(r, end_ms)
 
@@ -494,7 +494,7 @@ class Scheduler:
 
     def release_held(self, r: Request, now_ms: float) -> None:
         """P/D prefill replica: the decode replica has read ``r``'s KV (vLLM finished_sending)."""
-        self.num_held_requests -= 1
+        del self.held_requests[r.idx]
         self.free_request_blocks(r, now_ms)
 
 
