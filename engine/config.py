@@ -142,15 +142,16 @@ class FleetConfig(StrictModel):
     def _pools(self) -> FleetConfig:
         pd_keys = ("prefill", "decode", "kv_transfer", "prefill_router", "prefill_router_options",
                    "local_prefill_max_tokens", "prefill_queue_max")
-        if self.mode == "aggregated":
-            given = [k for k in pd_keys if k in self.model_fields_set]
+        if self.mode == "aggregated":  # (a dumped config carries the defaults: only other values count)
+            given = [k for k in pd_keys if getattr(self, k) != FleetConfig.model_fields[k].get_default(
+                call_default_factory=True)]
             if given:
                 raise ValueError(f"fleet.{given[0]} needs fleet.mode: disaggregated")
             return self
         for pool in ("prefill", "decode"):
             if getattr(self, pool) is None:
                 raise ValueError(f"fleet.mode disaggregated needs fleet.{pool} (at least {{replicas: N}})")
-        if "replicas" in self.model_fields_set:
+        if self.replicas != 1:
             raise ValueError("fleet.replicas: a disaggregated fleet sizes its pools with fleet.prefill.replicas "
                              "and fleet.decode.replicas")
         if self.kv_transfer is None:

@@ -22,28 +22,34 @@ class _Strict(BaseModel):
 
 
 class PoolConfig(_Strict):
-    """One pool: how many replicas, and the engine keys it sets differently from the shared config.
-    Sections (scheduler, kv_cache, ...) are merged key by key into the shared ones; ``host_offload:
-    null`` or ``speculative: null`` turns that feature off for this pool."""
+    """One pool: how many replicas, and the engine keys it sets differently from the shared config
+    (null: as shared). Sections (scheduler, kv_cache, ...) are merged key by key into the shared
+    ones; ``host_offload: false`` or ``speculative: false`` turns that feature off for this pool."""
 
     replicas: int = Field(1, gt=0, le=4096)
     hardware: str | None = None
     tensor_parallel_size: int | None = Field(None, gt=0)
     scheduler: dict[str, Any] | None = None
     kv_cache: dict[str, Any] | None = None
-    host_offload: dict[str, Any] | None = None
-    speculative: dict[str, Any] | None = None
+    host_offload: dict[str, Any] | Literal[False] | None = None
+    speculative: dict[str, Any] | Literal[False] | None = None
 
     def overrides(self) -> dict[str, Any]:
-        """The engine keys this pool sets (explicit nulls included), for merging."""
-        return {k: getattr(self, k) for k in POOL_OVERRIDE_KEYS if k in self.model_fields_set}
+        """The engine keys this pool sets, for merging (False: the feature off, as None)."""
+        out: dict[str, Any] = {}
+        for key in POOL_OVERRIDE_KEYS:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = None if value is False else value
+        return out
 
 
 class KVTransferConfig(_Strict):
     """The prefill -> decode KV transfer (vLLM's NixlConnector reads). Defaults: one 400 Gb/s NIC
     per replica (NVIDIA ConnectX-7, 50 GB/s of payload at line rate), no fixed latency."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=True,
+                              ser_json_inf_nan="constants")  # an .inf bandwidth survives run.json
 
     bandwidth_gb_per_s: float = 50.0  # per link: a replica's egress (prefill) or ingress (decode); inf allowed
     latency_ms: float = Field(0.0, ge=0.0)  # fixed cost per transfer (handshake, notification), after its bytes
