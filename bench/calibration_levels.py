@@ -1,7 +1,7 @@
 """Calibration by load level on a log with known constants: fit on the lightest level, judge the rest.
 
     python bench/calibration_levels.py [--requests 120] [--levels 4,1,0.5,0.3] [--budget 128]
-        [--max-evaluations 80] [--no-server-phases]
+        [--max-evaluations 80] [--no-server-phases] [--fit-levels 4,0.5] [--pin-host-ms 3]
 
 No public per-request measurements with load levels exist in the repository or the shared traces, so
 this builds one whose true step-time constants are known: the first ``--requests`` requests of the
@@ -84,7 +84,7 @@ def measured_table(truth_run: Path, with_server_phases: bool = True) -> pa.Table
 
 
 def build(folder: Path, requests: int, factors: list[float], with_server_phases: bool = True,
-          budget: int = BUDGET_TOKENS) -> tuple[Path, pa.Table]:
+          budget: int = BUDGET_TOKENS, host_ms: float | None = None) -> tuple[Path, pa.Table]:
     """(a replay of the log with the default constants, the measured table)."""
     from replay.api import run
 
@@ -92,7 +92,8 @@ def build(folder: Path, requests: int, factors: list[float], with_server_phases:
     truth_profile(folder / "truth.yaml")
     limit = [f"scheduler.max_num_batched_tokens={budget}"]
     run(log, overrides=limit + [f"timing.profile={folder / 'truth.yaml'}"], outdir=folder / "truth")
-    run(log, overrides=limit, outdir=folder / "base")
+    run(log, overrides=limit + ([f"timing.host_overhead_ms={host_ms}"] if host_ms is not None else []),
+        outdir=folder / "base")
     return folder / "base", measured_table(folder / "truth", with_server_phases)
 
 
@@ -109,6 +110,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=120)
     ap.add_argument("--levels", default="4,1,0.5,0.3", help="inter-arrival gap factors, lightest first")
     ap.add_argument("--max-evaluations", type=int, default=80)
+    ap.add_argument("--fit-levels", default=None,
+                    help="gap factors of the levels to fit on (default: the lightest), e.g. 4,0.5")
+    ap.add_argument("--pin-host-ms", type=float, default=None,
+                    help="replay with this host overhead and keep it out of the fit (as from step telemetry)")
     ap.add_argument("--budget", type=int, default=BUDGET_TOKENS, help="scheduler.max_num_batched_tokens")
     ap.add_argument("--no-server-phases", action="store_true", help="measure client-side latencies only")
     args = ap.parse_args()
@@ -116,9 +121,13 @@ def main() -> None:
 
     factors = [float(f) for f in args.levels.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        base, measured = build(Path(tmp), args.requests, factors, not args.no_server_phases, args.budget)
-        fit = calibrate_from_requests(base, measured_table=measured, fit_where=[f"source_run={factors[0]:g}x"],
-                                      max_evaluations=args.max_evaluations)
+        base, measured = build(Path(tmp), args.requests, factors, not args.no_server_phases, args.budget,
+                               args.pin_host_ms)
+        fit_levels = [float(f) for f in args.fit_levels.split(",")] if args.fit_levels else factors[:1]
+        fit = calibrate_from_requests(base, measured_table=measured,
+                                      fit_where=[f"source_run={f:g}x" for f in fit_levels],
+                                      max_evaluations=args.max_evaluations,
+                                      pin=["host_overhead_ms"] if args.pin_host_ms is not None else [])
     print(f"{fit.evaluations} replays, {fit.replay_seconds:.1f} s\n")
     print("| parameter | start | fitted | truth | bounds |\n|---|---:|---:|---:|---|")
     truth = {"host_overhead_ms": TRUTH_HOST_MS, "mixed_layer_us": TRUTH_MIXED_US}

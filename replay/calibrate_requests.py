@@ -57,6 +57,7 @@ _FIRST_MOVE = {"eta_compute": -1.0, "eta_memory": -1.0, "host_overhead_ms": 1.0,
 MIXED_START_US = 5.0  # where the search starts the mixed-step term when the run had none
 START_STEP = math.log(1.5)  # the first simplex moves each parameter by a factor 1.5
 MAX_EVALUATIONS = 80
+RESTART_EVERY = 40  # replays per Nelder-Mead run before it restarts around its best point
 AT_BOUND = 1e-3  # within 0.1% of a bound (log space) counts as stuck there
 DEFAULT_LEVEL_COLUMN = "source_run"
 
@@ -246,13 +247,15 @@ def _level_errors(levels: np.ndarray | None, fit: np.ndarray, held: np.ndarray,
 def calibrate_from_requests(outdir: str | Path, *, measured: str | Path | None = None,
                             measured_table: pa.Table | None = None, holdout: float | None = None, seed: int = 0,
                             max_evaluations: int = MAX_EVALUATIONS, fit_where: list[str] | tuple[str, ...] = (),
-                            by: str | None = None, fit_mixed: bool | None = None) -> RequestFit:
+                            by: str | None = None, fit_mixed: bool | None = None,
+                            pin: list[str] | tuple[str, ...] = ()) -> RequestFit:
     """Fit the roofline to the measured latencies of the log replayed in ``outdir`` (see module doc).
 
     ``measured`` (a log file) or ``measured_table`` (already read) holds the measurements, else the
     run's own trace; ``fit_where`` selects the fit rows; ``by`` names the level column reported on
     (default ``source_run`` when present); ``holdout`` defaults to 0.3 without ``fit_where`` and 0 with
-    it; ``fit_mixed`` (default: when the fit rows have server-side prefill times) adds the mixed-step term.
+    it; ``fit_mixed`` (default: when the fit rows have server-side prefill times) adds the mixed-step term;
+    ``pin`` keeps the named parameters at the run's values (e.g. a host overhead known from step telemetry).
     """
     from replay.reports.views import read_run_json
 
@@ -287,7 +290,12 @@ def calibrate_from_requests(outdir: str | Path, *, measured: str | Path | None =
         raise ConfigError(f"--by {level_column}: the log has no such column")
     if fit_mixed is None:
         fit_mixed = bool(np.isfinite(meas["prefill"][fit_mask]).any())
-    names = FITTED + ((MIXED,) if fit_mixed else ())
+    unknown = [p for p in pin if p not in BOUNDS]
+    if unknown:
+        raise ConfigError(f"--pin {', '.join(unknown)}: not a fitted parameter; use one of {', '.join(BOUNDS)}")
+    names = tuple(k for k in FITTED + ((MIXED,) if fit_mixed else ()) if k not in pin)
+    if not names:
+        raise ConfigError("--pin leaves no parameter to fit")
 
     with tempfile.TemporaryDirectory(prefix="replay-calibrate-") as tmp:
         replay = _Replayer(table, meta, config, Path(tmp))
@@ -316,8 +324,19 @@ def calibrate_from_requests(outdir: str | Path, *, measured: str | Path | None =
                 history.append(({k: getattr(p, k) for k in names}, cache[key][0]))
             return cache[key][0]
 
-        x0 = np.log([_start_value(base, k) for k in names])
-        x = nelder_mead(objective, x0, START_STEP, max_evaluations, np.array([_FIRST_MOVE[k] for k in names]))
+        x = np.log([_start_value(base, k) for k in names])
+        moves = np.array([_FIRST_MOVE[k] for k in names])
+        # Restarts: a fresh simplex around the best point every RESTART_EVERY replays. The valley where
+        # the host overhead trades against the weight-read efficiency is long and narrow, and a simplex
+        # collapses along it (or along a parameter the data do not move); a new one walks on.
+        while replay.calls - 1 < max_evaluations:
+            budget = min(RESTART_EVERY, max_evaluations - (replay.calls - 1))
+            if budget <= len(names):
+                break
+            calls = replay.calls
+            x = np.clip(nelder_mead(objective, x, START_STEP, budget, moves), lower, upper)
+            if replay.calls == calls:
+                break  # every point of the new simplex was already priced: nothing left to explore
         x = np.clip(x, lower, upper)
         objective(x)
         best_pred = cache[x.tobytes()][1]

@@ -86,6 +86,8 @@ def register(app: typer.Typer) -> None:
         fit_mixed: bool | None = typer.Option(None, "--fit-mixed/--no-fit-mixed",
                                               help="Fit the mixed-step term mixed_layer_us (default: when the log "
                                                    "has server-side prefill times)."),
+        pin: list[str] = typer.Option([], "--pin", help="Keep this parameter at the run's value (repeatable), e.g. "
+                                                        "host_overhead_ms set from step telemetry."),
         seed: int = typer.Option(0, "--seed", help="Seed of the fit / held-out split."),
         max_evaluations: int = typer.Option(80, "--max-evaluations", help="Replays the search may run."),
         as_json: bool = typer.Option(False, "--json", help="Print the fit as one JSON object."),
@@ -103,7 +105,7 @@ def register(app: typer.Typer) -> None:
             check_output_file(output, run_files(outdir) + [(info.get("trace") or {}).get("path"), measured])
             fit = calibrate_from_requests(outdir, measured=measured, holdout=holdout, seed=seed,
                                           max_evaluations=max_evaluations, fit_where=fit_where, by=by,
-                                          fit_mixed=fit_mixed)
+                                          fit_mixed=fit_mixed, pin=pin)
             config = info.get("config") or {}
             save_request_profile(fit, config, str(measured or outdir), output)
         if as_json:

@@ -107,3 +107,14 @@ def test_cli_fits_on_a_label_of_the_trace(levels, tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["calibrate-requests", str(tmp_path / "out"), "-o", str(tmp_path / "r.yaml"),
                                    "--fit-where", "tenant=nope"])
     assert bad.exit_code == 2 and "values present" in bad.output
+
+
+def test_pinned_parameters_keep_the_run_value(levels) -> None:
+    base, measured = levels
+    fit = calibrate_from_requests(base, measured_table=measured, fit_where=["source_run=4x"], max_evaluations=8,
+                                  pin=["host_overhead_ms", "mixed_layer_us"])
+    assert [p.name for p in fit.fitted] == ["eta_compute", "eta_memory"]
+    assert fit.params.host_overhead_ms == fit.start.host_overhead_ms
+    assert fit.params.mixed_layer_us == fit.start.mixed_layer_us == 0.0
+    with pytest.raises(ConfigError, match="not a fitted parameter"):
+        calibrate_from_requests(base, measured_table=measured, pin=["eta_attention"])
