@@ -49,6 +49,11 @@ WORKLOADS: dict[str, tuple[str, str, list[str]]] = {
     "ref-g2": ("ref-g2", "ref-g2.yaml", []),
     "fleet32-first15k": ("synth-100k-fleet32", "synth-100k-fleet32.yaml", ["load.max_requests=15000"]),
     "mooncake-0.25x-aic": ("mooncake-0.25x", "mooncake-0.25x-aic.yaml", []),
+    # the shapes that stress the slow paths: long outputs, heavy eviction, a high rate, a fleet
+    "reuse-longout-first8k": ("reuse-longout-20k-4rps", "reuse.yaml", ["load.max_requests=8000"]),
+    "reuse-evict-first15k": ("reuse-evict-30k-8rps", "reuse-smallkv.yaml", ["load.max_requests=15000"]),
+    "reuse-highrate-first20k": ("reuse-highrate-40k-24rps", "reuse.yaml", ["load.max_requests=20000"]),
+    "reuse-fleet8-first25k": ("reuse-fleet8-64rps", "reuse-fleet8.yaml", ["load.max_requests=25000"]),
 }
 OUTPUTS = ("requests.parquet", "steps.parquet", "chunks.parquet")
 

@@ -20,15 +20,17 @@ decoding without drafts, the batch fits the token budget, and no request finishe
 window's last step. It ends early at the first step whose block allocation would fail (that step
 needs the real scheduler, which may preempt).
 
-The step that finishes requests ends the window when nothing can follow from the finish but the
-finish itself: the queue is empty (a finish could admit a waiting request), there is no G2 tier
-(it defers frees), no closed-loop turn or concurrency slot waits on the request (the fleet says
-so through ``finish_is_quiet``), and the step ends no later than the next event (which must not
-see the finishes early: the router reads running counts and free blocks). The window then does
-what update_from_output does at that step's end: the requests finish in running order and their
-blocks are freed; the step's row counts the requests still running. Otherwise the finishing step
-goes through the scheduler, as before. In a fleet of mostly idle replicas this halves the steps
-that need the scheduler (each request's last step no longer does).
+The step that finishes requests ends the window when nothing can follow from the finish inside
+that step: there is no G2 tier (it defers frees), no closed-loop turn or concurrency slot waits on
+the request (the fleet says so through ``finish_is_quiet``), and the step ends no later than the
+next event (which must not see the finishes early: the router reads running counts and free
+blocks). A waiting queue does not stop it: the step's own schedule() still finds the queue blocked
+(nobody has finished before it), and what the finish frees is first used by the next step, which
+goes through the scheduler. The window then does what update_from_output does at that step's end:
+the requests finish in running order and their blocks are freed; the step's row counts the
+requests still running. Otherwise the finishing step goes through the scheduler, as before. This
+halves the steps that need the scheduler both in a fleet of mostly idle replicas and on an
+overloaded replica (there each request's last step and the admission after it did).
 """
 
 from __future__ import annotations
@@ -167,9 +169,9 @@ def _first_finish_step(running: list[Request], max_model_len: int) -> int:
 
 def _finish_joins_window(sched: Scheduler, m: int, finish_is_quiet: Callable[[Request], bool] | None) -> bool:
     """Whether the finishing step ``m`` may join the window: its finishes concern nobody but this
-    replica. Nobody waits (a finish could admit them), no G2 tier (its frees are deferred), no
-    closed-loop turn waits on a request that finishes there."""
-    if sched.waiting or sched.offload is not None:
+    replica. No G2 tier (its frees are deferred), no closed-loop turn waits on a request that
+    finishes there. Waiting requests stay blocked through step ``m`` (see the module doc)."""
+    if sched.offload is not None:
         return False
     if finish_is_quiet is not None:
         max_model_len = sched.limits.max_model_len

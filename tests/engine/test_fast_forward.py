@@ -106,11 +106,14 @@ def test_a_window_ends_with_the_step_that_finishes_a_request(tmp_path):
     assert calls_b == 30  # stepping one by one, the scheduler builds every step
 
 
-def test_a_finish_that_admits_a_waiting_request_goes_through_the_scheduler(tmp_path):
-    # C waits for a seat (max_num_seqs 2): A's finish admits it, so A's last step is a scheduled one.
+def test_a_finish_that_admits_a_waiting_request_ends_a_window_too(tmp_path):
+    # C waits for a seat (max_num_seqs 2). A's finishing step 7 is still a window's last: its own
+    # schedule() finds C blocked (nobody has finished yet); the seat A frees is first used by step 8,
+    # C's prefill, which the scheduler builds. Same bytes as stepping one by one.
     calls, steps, reqs = _finishing_pair(tmp_path, max_num_seqs=2, third=True)
     assert steps.running.tolist()[7] == 1 and steps.waiting.tolist()[7] == 1
     assert steps.prefill_requests.tolist()[8] == 1  # C's prefill, the step after A's finish
-    assert calls >= 3  # step 0, A's finishing step 7 and C's prefill at step 8
-    _, steps_b, reqs_b = _finishing_pair(tmp_path, max_num_seqs=2, third=True, ff=False)
+    assert calls == 2  # step 0 and C's prefill at step 8; A's and C's last steps end windows
+    calls_b, steps_b, reqs_b = _finishing_pair(tmp_path, max_num_seqs=2, third=True, ff=False)
     assert steps.equals(steps_b) and reqs.equals(reqs_b)
+    assert calls_b == len(steps_b)
