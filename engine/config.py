@@ -113,6 +113,9 @@ class TimingConfig(StrictModel):
 
 
 RouterName = Literal["round_robin", "random", "least_loaded", "session_affinity", "kv_aware", "prefix_score"]
+# How a global balancer in front of clusters picks one (engine/clusters.py): from the request alone,
+# so that the clusters replay independently.
+GlobalRouterName = Literal["round_robin", "random", "session_hash", "prefix_hash"]
 
 
 class FleetConfig(StrictModel):
@@ -131,6 +134,20 @@ class FleetConfig(StrictModel):
     prefill_router_options: dict[str, Any] = Field(default_factory=dict)
     local_prefill_max_tokens: int | None = Field(None, ge=0)  # prefill on the decode replica up to this
     prefill_queue_max: int | None = Field(None, ge=0)  # ... or when more requests wait for prefill
+    # K clusters of replicas / K replicas each, every cluster behind its own `router`; a global
+    # balancer picks the cluster (docs/fleet.md, "Clusters").
+    clusters: int = Field(1, gt=0, le=4096)
+    global_router: GlobalRouterName = "round_robin"
+
+    @model_validator(mode="after")
+    def _cluster_sizes(self) -> FleetConfig:
+        if self.replicas % self.clusters:
+            raise ValueError(f"fleet.replicas ({self.replicas}) must be a multiple of fleet.clusters "
+                             f"({self.clusters}): every cluster has replicas / clusters replicas")
+        if self.clusters > 1 and self.mode == "disaggregated":
+            raise ValueError("fleet.clusters > 1 is not supported with fleet.mode disaggregated (yet): "
+                             "replay each disaggregated cluster as its own fleet")
+        return self
 
     @model_validator(mode="after")
     def _router_options(self) -> FleetConfig:
@@ -196,6 +213,13 @@ class EngineConfig(StrictModel):
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return repr(v)
         return v
+
+    @model_validator(mode="after")
+    def _clusters_need_open_loop(self) -> EngineConfig:
+        if self.fleet is not None and self.fleet.clusters > 1 and self.load.mode == "concurrency":
+            raise ValueError("fleet.clusters > 1 cannot replay load.mode=concurrency: its slots are shared "
+                             "by the whole fleet, so the clusters would not be independent")
+        return self
 
     @model_validator(mode="after")
     def _model_limits(self) -> EngineConfig:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,8 +16,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replay.base.atomic import atomic_dir, write_json_atomic
-from replay.base.errors import TraceError
+from replay.base.errors import ConfigError, TraceError
 from replay.engine.arrivals import ArrivalPlan, plan_arrivals
+from replay.engine.cluster_merge import merge_outputs
+from replay.engine.cluster_run import MergedRecorder, replay_clusters
+from replay.engine.clusters import assign_clusters, split_plan
 from replay.engine.config import EngineConfig
 from replay.engine.core import EngineCore
 from replay.engine.fleet import FleetLoop, ProgressFn
@@ -229,17 +233,24 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
                  trace_path: str | Path | None = None, config_source: str | None = None,
                  config_path: str | Path | None = None, on_error: str = "fail", overwrite: bool = True, progress: ProgressFn | None = None,
                  check_invariants: bool = False, setup: EngineSetup | None = None,
-                 fast_forward: bool = True) -> RunSummary:
+                 fast_forward: bool = True, ray_address: str | None = None) -> RunSummary:
     """Replay ``table`` under ``config`` into ``outdir``; nothing is written unless the run completes.
 
     ``fast_forward=False`` steps through decode-only runs one step at a time (same bytes, slower:
     kept for the equivalence test). ``config_path``: the YAML file the config came from, an input
-    like the trace (see ``config_input_files``).
+    like the trace (see ``config_input_files``). ``ray_address`` (``auto`` or a Ray address): a fleet
+    of clusters replays each cluster as a Ray task (the same outputs as without it).
     """
     wall_start = time.perf_counter()
     setup = setup or resolve_setup(config)
     trace = trace_arrays(table, meta.hash_block_size)
     requests = select_requests(trace, config, setup, on_error=on_error, trace_path=trace_path)
+    if config.fleet is not None and config.fleet.clusters > 1:
+        return _replay_clustered(table, meta, config, outdir, trace, setup, requests, wall_start,
+                                 trace_path=trace_path, config_source=config_source, config_path=config_path,
+                                 overwrite=overwrite, check_invariants=check_invariants, ray_address=ray_address)
+    if ray_address is not None:
+        raise ConfigError("--ray replays the clusters of a fleet on Ray workers: set fleet.clusters above 1")
     disaggregated = is_disaggregated(config)
     inputs = [trace_path, *config_input_files(config, config_path)]
     if disaggregated:
@@ -272,5 +283,43 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
                             simulated_span_ms=loop.now, wall_time_s=wall_time_s,
                             session_delay_rule=delay_rule, pools=pools)
         info = build_run_info(facts)
+        write_json_atomic(tmp / RUN_FILE, info)
+    return RunSummary(outdir=Path(outdir), run_info=info)
+
+
+def _replay_clustered(table: pa.Table, meta: TraceMetadata, config: EngineConfig, outdir: str | Path,
+                      trace: TraceArrays, setup: EngineSetup, requests: ReplayedRequests, wall_start: float, *,
+                      trace_path: str | Path | None, config_source: str | None,
+                      config_path: str | Path | None, overwrite: bool, check_invariants: bool,
+                      ray_address: str | None) -> RunSummary:
+    """A fleet of clusters (engine/clusters.py): each cluster replayed on its own (here or on Ray),
+    the outputs merged (engine/cluster_merge.py), one run.json over the whole fleet."""
+    fleet = config.fleet
+    assert fleet is not None
+    plan = plan_arrivals(trace, config.load, config.seed, requests.selected)
+    cluster_of = assign_clusters(trace, plan, fleet.clusters, fleet.global_router, config.seed)
+    plans = split_plan(plan, cluster_of, requests.rejected, fleet.clusters, fleet.replicas // fleet.clusters)
+    inputs = [trace_path, *config_input_files(config, config_path)]
+    with atomic_dir(outdir, overwrite=overwrite, inputs=inputs) as tmp:
+        work = tmp / ".clusters"
+        work.mkdir()
+        results = replay_clusters(trace, table, meta.hash_block_size, config, setup, plans, work,
+                                  ray_address=ray_address, check_invariants=check_invariants)
+        merge_outputs([work / f"cluster-{cp.cluster}" for cp in plans], [r.rows for r in results],
+                      [cp.replica_offset for cp in plans], tmp)
+        shutil.rmtree(work)
+        trace_file = store_trace(table, meta, trace_path, outdir, tmp)
+        replicas = [rep for r in results for rep in r.replicas]
+        facts = ReplayFacts(config=config, config_source=config_source, setup=setup,
+                            fingerprint=trace_fingerprint(table), meta=meta, trace=trace, trace_file=trace_file,
+                            selected=requests.selected, rejected=requests.rejected, cores=replicas,  # type: ignore[arg-type]
+                            recorder=MergedRecorder.of(len(trace), results),  # type: ignore[arg-type]
+                            simulated_span_ms=max(r.span_ms for r in results),
+                            wall_time_s=round(time.perf_counter() - wall_start, 3),
+                            session_delay_rule=plan.delay_rule)
+        info = build_run_info(facts)
+        info["fleet"]["clusters"] = fleet.clusters
+        info["fleet"]["global_router"] = fleet.global_router
+        info["fleet"]["ran_on"] = "ray" if ray_address is not None else "local"
         write_json_atomic(tmp / RUN_FILE, info)
     return RunSummary(outdir=Path(outdir), run_info=info)

@@ -34,6 +34,8 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or summary."),
     trace_format: str | None = typer.Option(None, "--format", help="Input format when TRACE is not canonical (default: auto-detect)."),
     block_size: int | None = typer.Option(None, "--trace-block-size", help="Tokens per hash id of a non-canonical TRACE."),
+    ray: str | None = typer.Option(None, "--ray", help="With fleet.clusters > 1: replay each cluster as a Ray task, "
+                                   "'auto' (a local Ray instance) or a cluster ADDRESS; same outputs as without."),
 ) -> None:
     """Replay every request of TRACE through the modeled vLLM V1 engine and write what each experienced."""
     from replay.api import load_any_trace, resolve_config
@@ -55,7 +57,8 @@ def run(
         started = time.perf_counter()
         if quiet:
             summary = replay_trace(table, meta, cfg, outdir, trace_path=trace, config_source=source, config_path=config,
-                                   on_error=on_error, overwrite=overwrite, check_invariants=check, setup=setup)
+                                   on_error=on_error, overwrite=overwrite, check_invariants=check, setup=setup,
+                                   ray_address=ray)
         else:
             columns = (TextColumn("[bold]replay[/]"), BarColumn(), MofNCompleteColumn(),
                        TextColumn("requests · sim {task.fields[sim]}"), TimeElapsedColumn())
@@ -67,7 +70,7 @@ def run(
 
                 summary = replay_trace(table, meta, cfg, outdir, trace_path=trace, config_source=source, config_path=config,
                                        on_error=on_error, overwrite=overwrite, progress=progress,
-                                       check_invariants=check, setup=setup)
+                                       check_invariants=check, setup=setup, ray_address=ray)
         wall = time.perf_counter() - started
         if not quiet:
             from replay.run_summary import print_run_summary

@@ -1,0 +1,73 @@
+"""Merge the clusters' output folders into one (engine/cluster_run.py replays them).
+
+- ``requests.parquet``: every cluster's rows, back in trace order (the order of a fleet's file);
+- every other Parquet file (steps, chunks): the clusters' rows one cluster after another, streamed
+  a row group at a time;
+- a ``replica`` column gets the cluster's first global replica id added, so replica ids run
+  0..replicas-1 across the fleet (cluster c holds c * replicas/clusters onwards).
+
+The merge reads only the folders, in cluster order, so a local run and a Ray run of the same
+clusters write the same bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from replay.engine.output_schema import REQUESTS_FILE
+
+_ROWS_PER_GROUP = 1 << 20
+_WRITE_OPTIONS = dict(compression="snappy", write_statistics=True, use_dictionary=True)
+
+
+def cluster_files(folder: Path) -> list[str]:
+    """The Parquet outputs a cluster's folder holds."""
+    return sorted(p.name for p in folder.glob("*.parquet"))
+
+
+def _offset_replicas(table: pa.Table | pa.RecordBatch, offset: int):
+    """``table`` with ``offset`` added to its replica column (nulls stay null)."""
+    if not offset or "replica" not in table.schema.names:
+        return table
+    i = table.schema.get_field_index("replica")
+    col = table.column(i)
+    shifted = pc.add(col, pa.scalar(offset, col.type)).cast(col.type)
+    return table.set_column(i, table.schema.field(i), shifted)
+
+
+def merge_requests(folders: list[Path], rows: list[np.ndarray], offsets: list[int], dst: Path) -> None:
+    """The clusters' requests files as one, in trace order (``rows``: each file's trace rows)."""
+    tables = [_offset_replicas(pq.read_table(f / REQUESTS_FILE), off) for f, off in zip(folders, offsets)]
+    table = pa.concat_tables(tables)
+    order = np.argsort(np.concatenate(rows), kind="stable")
+    table = table.take(pa.array(order))
+    pq.write_table(table, dst / REQUESTS_FILE, row_group_size=_ROWS_PER_GROUP, **_WRITE_OPTIONS)
+
+
+def merge_rows(folders: list[Path], name: str, offsets: list[int], dst: Path) -> None:
+    """One Parquet output, the clusters' rows one cluster after another, streamed."""
+    writer = None
+    try:
+        for folder, off in zip(folders, offsets):
+            src = pq.ParquetFile(folder / name)
+            if writer is None:
+                writer = pq.ParquetWriter(dst / name, src.schema_arrow, **_WRITE_OPTIONS)
+            for batch in src.iter_batches(batch_size=_ROWS_PER_GROUP):
+                writer.write_table(pa.Table.from_batches([_offset_replicas(batch, off)]),
+                                   row_group_size=_ROWS_PER_GROUP)
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def merge_outputs(folders: list[Path], rows: list[np.ndarray], offsets: list[int], dst: Path) -> None:
+    """Every output file of the clusters' folders, merged into ``dst``."""
+    merge_requests(folders, rows, offsets, dst)
+    for name in cluster_files(folders[0]):
+        if name != REQUESTS_FILE:
+            merge_rows(folders, name, offsets, dst)

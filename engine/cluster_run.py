@@ -1,0 +1,221 @@
+"""Replay a fleet of clusters: each cluster on its own (here, or on a Ray worker), then one output.
+
+engine/clusters.py says which requests each cluster gets; this module replays one cluster into a
+folder of its own (``replay_cluster``), with the same code as any fleet (engine/run.py's
+``run_fleet``), and hands back what run.json needs of it (``ClusterResult``: plain numbers, so it
+travels from a Ray worker). engine/cluster_merge.py then merges the folders. Local and Ray runs
+call the same function on the same inputs and merge in cluster order, so their outputs are
+byte-identical.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from replay.base.errors import ReplayError
+from replay.engine.cluster_merge import cluster_files
+from replay.engine.clusters import ClusterPlan
+from replay.engine.config import EngineConfig
+from replay.engine.core import EngineCore
+from replay.engine.fleet import FleetLoop
+from replay.engine.recorder import Recorder
+from replay.engine.routers import RouterContext, build_router
+from replay.engine.run_setup import EngineSetup, resolve_setup
+from replay.engine.scheduler_factory import build_scheduler
+from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
+from replay.engine.trace_input import TraceArrays, trace_arrays
+
+
+@dataclass
+class SchedTotals:
+    """A replica's scheduler counters (Scheduler's names: run.json reads them by these)."""
+
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    cpu_hit_tokens: int
+    total_preemptions: int
+
+
+@dataclass
+class PoolTotals:
+    num_evictions: int
+
+
+@dataclass
+class OffloadTotals:
+    values: dict[str, int]
+
+    def totals(self) -> dict[str, int]:
+        return self.values
+
+
+@dataclass
+class ReplicaTotals:
+    """One replica at the end of its cluster's replay, as run.json reads an EngineCore."""
+
+    replica: int  # global id
+    step_idx: int
+    busy_ms: float
+    schedule_calls: int
+    sched: SchedTotals
+    kv_pool: PoolTotals
+    offload: OffloadTotals | None
+
+
+@dataclass
+class ClusterResult:
+    """What run.json needs of one cluster: its replicas, and its requests' rows and end state."""
+
+    cluster: int
+    replicas: list[ReplicaTotals]
+    rows: np.ndarray  # trace rows this cluster replayed, in trace order (its requests file's order)
+    status: np.ndarray  # per row of ``rows``: 0 finished, 1 rejected, 2 unfinished
+    output_tokens: np.ndarray
+    replica: np.ndarray  # global replica id per row of ``rows`` (-1: none)
+    num_steps: int
+    num_chunks: int
+    span_ms: float
+    files: dict[str, bytes] = field(default_factory=dict)  # the output files, when sent from a worker
+
+
+def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, cp: ClusterPlan,
+                   outdir: Path, *, check_invariants: bool = False) -> ClusterResult:
+    """Replay one cluster's requests on its replicas, behind its own router, into ``outdir``."""
+    fleet = config.fleet
+    assert fleet is not None and fleet.clusters > 1
+    per = fleet.replicas // fleet.clusters
+    sampler = None
+    if config.speculative is not None:
+        sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
+    schedulers = [build_scheduler(config, setup.num_gpu_blocks, setup.max_model_len, sampler=sampler,
+                                  kv_bytes_per_token=setup.kv_bytes_per_token) for _ in range(per)]
+    router = None
+    if per > 1:
+        # Each cluster's router has its own seed (random routing must not repeat across clusters).
+        ctx = RouterContext(num_replicas=per, block_size=config.kv_cache.block_size,
+                            num_gpu_blocks=setup.num_gpu_blocks, seed=config.seed + cp.cluster, trace=trace)
+        router = build_router(fleet.router, fleet.router_options, ctx)
+    recorder = Recorder(trace, outdir, replica_column=True)
+    cores = [EngineCore(i, sched, setup.timer, recorder, check_invariants=check_invariants)
+             for i, sched in enumerate(schedulers)]
+    loop = FleetLoop(trace, cp.plan, cores, router, recorder, block_size=config.kv_cache.block_size,
+                     hash_lookahead=schedulers[0].kv.hash_lookahead, rejected=cp.rejected,
+                     router_latency_ms=fleet.router_latency_ms)
+    try:
+        loop.run()
+    except BaseException:
+        recorder.abort()
+        raise
+    recorder.close()
+    rows = np.flatnonzero(recorder.replayed)
+    replica = recorder.replica[rows].astype(np.int64)
+    replica[replica >= 0] += cp.replica_offset
+    totals = [ReplicaTotals(
+        replica=core.replica + cp.replica_offset, step_idx=core.step_idx, busy_ms=core.busy_ms,
+        schedule_calls=core.schedule_calls,
+        sched=SchedTotals(core.sched.prefix_query_tokens, core.sched.prefix_hit_tokens, core.sched.cpu_hit_tokens,
+                          core.sched.total_preemptions),
+        kv_pool=PoolTotals(core.kv_pool.num_evictions),
+        offload=OffloadTotals(core.offload.totals()) if core.offload is not None else None,
+    ) for core in loop.cores]
+    return ClusterResult(cluster=cp.cluster, replicas=totals, rows=rows, status=recorder.status[rows].copy(),
+                         output_tokens=recorder.output_tokens[rows].copy(), replica=replica,
+                         num_steps=recorder.num_steps, num_chunks=recorder.num_chunks, span_ms=loop.now)
+
+
+def replay_cluster_remote(table: pa.Table, hash_block_size: int | None, config: EngineConfig,
+                          setup: EngineSetup | None, cp: ClusterPlan) -> ClusterResult:
+    """A Ray task: replay one cluster in a scratch folder of the worker's node and send the output
+    files back with the result (the driver's folder may not be visible from the worker).
+    ``setup``: the driver's, or None when its timer could not travel (the worker resolves it)."""
+    trace = trace_arrays(table, hash_block_size)
+    if setup is None:
+        setup = resolve_setup(config)
+    tmp = Path(tempfile.mkdtemp(prefix=f"replay-cluster{cp.cluster}-"))
+    try:
+        result = replay_cluster(trace, config, setup, cp, tmp)
+        result.files = {name: (tmp / name).read_bytes() for name in cluster_files(tmp)}
+        return result
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replay_clusters(trace: TraceArrays, table: pa.Table, hash_block_size: int | None, config: EngineConfig,
+                    setup: EngineSetup, plans: list[ClusterPlan], workdir: Path, *, ray_address: str | None,
+                    check_invariants: bool = False) -> list[ClusterResult]:
+    """Every cluster into ``workdir/cluster-<c>``: one after another here, or as Ray tasks."""
+    dirs = [workdir / f"cluster-{cp.cluster}" for cp in plans]
+    if ray_address is None:
+        out = []
+        for cp, d in zip(plans, dirs):
+            d.mkdir()
+            out.append(replay_cluster(trace, config, setup, cp, d, check_invariants=check_invariants))
+        return out
+    results = _run_on_ray(ray_address, table, hash_block_size, config, setup, plans)
+    for result, d in zip(results, dirs):
+        d.mkdir()
+        for name, data in result.files.items():
+            (d / name).write_bytes(data)
+        result.files = {}
+    return results
+
+
+def _run_on_ray(address: str, table: pa.Table, hash_block_size: int | None, config: EngineConfig,
+                setup: EngineSetup, plans: list[ClusterPlan]) -> list[ClusterResult]:
+    """One Ray task per cluster, the trace put once in the object store; results in cluster order.
+    ``auto`` starts a local Ray instance (or reuses this process's); any other address joins it."""
+    try:
+        import ray
+    except ImportError:
+        raise ReplayError("--ray needs Ray: pip install 'replay-analyzer[ray]' (or -e '.[ray]')") from None
+    started = False
+    if not ray.is_initialized():
+        kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+        if address == "auto":
+            ray.init(**kwargs)
+        else:
+            ray.init(address=address, **kwargs)
+        started = True
+    try:
+        task = ray.remote(num_cpus=1, max_retries=2)(replay_cluster_remote)
+        table_ref = ray.put(table)
+        try:
+            setup_ref = ray.put(setup)
+        except Exception:  # noqa: BLE001 - a timer that cannot be pickled: each worker resolves its own
+            setup_ref = None
+        refs = [task.remote(table_ref, hash_block_size, config, setup_ref, cp) for cp in plans]
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayError as exc:
+            raise ReplayError(f"a cluster's replay failed on Ray: {exc}") from None
+    finally:
+        if started:
+            ray.shutdown()
+
+
+@dataclass
+class MergedRecorder:
+    """What run.json reads of a recorder, over every cluster (per trace row, as Recorder keeps it)."""
+
+    status: np.ndarray
+    output_tokens: np.ndarray
+    replica: np.ndarray
+    num_steps: int
+    num_chunks: int
+
+    @classmethod
+    def of(cls, num_rows: int, results: list[ClusterResult]) -> MergedRecorder:
+        merged = cls(status=np.full(num_rows, 2, dtype=np.int8), output_tokens=np.zeros(num_rows, dtype=np.int32),
+                     replica=np.full(num_rows, -1, dtype=np.int64),
+                     num_steps=sum(r.num_steps for r in results), num_chunks=sum(r.num_chunks for r in results))
+        for r in results:
+            merged.status[r.rows] = r.status
+            merged.output_tokens[r.rows] = r.output_tokens
+            merged.replica[r.rows] = r.replica
+        return merged
