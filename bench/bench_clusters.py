@@ -1,0 +1,90 @@
+"""A fleet of clusters replayed in one process and on Ray workers: wall, CPU, the speed-up, the bytes.
+
+    python bench/bench_clusters.py [--workload reuse-fleet8-64rps] [--clusters 2] [--max-requests N]
+                                   [--ray auto|ADDRESS] [--reps 3]
+
+Each run is `replay run ... --set fleet.clusters=K` in its own process, alternately without and
+with `--ray` (a local Ray instance started by the run itself with `auto`: its start-up is counted,
+as a user waits for it). The baseline is the local run of the same topology in the same pass; the
+speed-up is local wall / Ray wall (medians). Outputs are compared byte for byte (requests, steps,
+chunks): the Ray run must write what the local run writes. CPU is the process and its children,
+which on Ray does not include the Ray workers (they are not our children), so only the walls compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_ab import CONFIGS, _trace  # noqa: E402
+from bench.compare.workloads import load_workloads  # noqa: E402
+
+OUTPUTS = ("requests.parquet", "steps.parquet", "chunks.parquet")
+
+
+def _run(trace: Path, config: Path, sets: list[str], ray: str | None, out: Path) -> tuple[float, dict[str, str], dict]:
+    cmd = [sys.executable, "-m", "replay.cli", "run", str(trace), "-c", str(config), "-o", str(out), "-q"]
+    for s in sets:
+        cmd += ["--set", s]
+    if ray:
+        cmd += ["--ray", ray]
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if proc.returncode:
+        raise SystemExit(f"replay run failed:\n{proc.stderr[-2000:]}")
+    info = json.loads((out / "run.json").read_text())
+    digests = {f: hashlib.sha256((out / f).read_bytes()).hexdigest() for f in OUTPUTS}
+    return wall, digests, info
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="reuse-fleet8-64rps", help="a fleet workload of bench/compare/workloads.yaml")
+    ap.add_argument("--clusters", type=int, default=2)
+    ap.add_argument("--max-requests", type=int, default=0, help="replay only the first N requests (0: all)")
+    ap.add_argument("--ray", default="auto", help="Ray address for the Ray side (default: a local instance)")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    wl = load_workloads().workloads[args.workload]
+    config = (CONFIGS.parent / wl.config).resolve()
+    trace = _trace(args.workload)
+    sets = [f"fleet.clusters={args.clusters}"]
+    if args.max_requests:
+        sets.append(f"load.max_requests={args.max_requests}")
+    print(f"workload {args.workload}, {' '.join(sets)}, Ray {args.ray}; load average {os.getloadavg()}")
+    walls: dict[str, list[float]] = {"local": [], "ray": []}
+    digests: dict[str, dict[str, str]] = {}
+    engine_core = ""
+    with tempfile.TemporaryDirectory(prefix="replay-clusters-") as tmp:
+        for rep in range(args.reps):
+            for side in (("local", "ray") if rep % 2 == 0 else ("ray", "local")):
+                out = Path(tmp) / f"{side}-{rep}"
+                wall, dig, info = _run(trace, config, sets, args.ray if side == "ray" else None, out)
+                walls[side].append(wall)
+                digests.setdefault(side, dig)
+                engine_core = info.get("engine_core", "")
+                print(f"  rep {rep} {side}: {wall:.2f} s", flush=True)
+    local, ray = statistics.median(walls["local"]), statistics.median(walls["ray"])
+    same = digests["local"] == digests["ray"]
+    print(f"| workload | clusters | core | local wall (s) | Ray wall (s) | speed-up | outputs |")
+    print("|---|---:|---|---:|---:|---:|---|")
+    print(f"| {args.workload} | {args.clusters} | {engine_core} | {local:.2f} | {ray:.2f} | {local / ray:.2f}x | "
+          f"{'identical' if same else 'DIFFERENT'} |")
+    print(f"load average {os.getloadavg()}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
