@@ -78,7 +78,7 @@ def main() -> int:
                 print(f"  rep {rep} {side}: {wall:.2f} s", flush=True)
     local, ray = statistics.median(walls["local"]), statistics.median(walls["ray"])
     same = digests["local"] == digests["ray"]
-    print(f"| workload | clusters | core | local wall (s) | Ray wall (s) | speed-up | outputs |")
+    print("| workload | clusters | core | local wall (s) | Ray wall (s) | speed-up | outputs |")
     print("|---|---:|---|---:|---:|---:|---|")
     print(f"| {args.workload} | {args.clusters} | {engine_core} | {local:.2f} | {ray:.2f} | {local / ray:.2f}x | "
           f"{'identical' if same else 'DIFFERENT'} |")
