@@ -240,10 +240,10 @@ class Scheduler:
                     skipped.append(waiting.pop())  # not head-of-line: vLLM skips it this step
                     continue
                 if r.remote_loading:
-                    kv.allocate_slots(r, 0, None, 0)  # the read blocks become findable only now (vLLM)
                     r.remote_loading = False
                     if r.num_computed_tokens == r.num_tokens:  # vLLM _update_waiting_for_remote_kv:
                         r.num_computed_tokens -= 1  # the last prompt token is recomputed to sample
+                    kv.allocate_slots(r, 0, None, 0)  # the read blocks become findable only now (vLLM)
                 else:
                     offload.finish_load(r)
                     kv.allocate_slots(r, 0, None, 0)  # the loaded blocks become findable only now (vLLM)

@@ -108,11 +108,24 @@ def _shape(info: dict[str, Any], m) -> dict[str, Any]:
     config = info.get("config") or {}
     fleet = config.get("fleet") or {}
     replicas = int(fleet.get("replicas", 1))
+    gpus = replicas * int(config.get("tensor_parallel_size", 1))
+    pools = info.get("pools")
+    shape = "aggregated"
+    if pools:  # a disaggregated fleet: its prefill and decode pools (reports/disagg.py)
+        p, d = pools["prefill"], pools["decode"]
+        replicas = p["replicas"] + d["replicas"]
+        gpus = p["gpus"] + d["gpus"]
+        shape = f"disaggregated: {p['replicas']} prefill x TP{p['tensor_parallel_size']} + " \
+                f"{d['replicas']} decode x TP{d['tensor_parallel_size']}"
     f = m.fleet
+    router = fleet.get("router", "(single engine)") if fleet else "(single engine)"
+    if pools:
+        router = f"{fleet.get('prefill_router')} (prefill), {router} (decode)"
     return {
+        "shape": shape,
         "replicas": replicas,
-        "gpus": replicas * int(config.get("tensor_parallel_size", 1)),
-        "router": fleet.get("router", "(single engine)") if fleet else "(single engine)",
+        "gpus": gpus,
+        "router": router,
         "router_options": fleet.get("router_options") or {},
         "router_latency_ms": fleet.get("router_latency_ms", 0.0),
         "busy_imbalance": f["busy_imbalance"] if f else None,
@@ -131,14 +144,15 @@ def fleet_diff_lines(names: tuple[str, str], metrics: tuple, infos: tuple[dict, 
             return ", ".join(f"{k}={x}" for k, x in sorted(v.items())) or "defaults"
         return num(v, unit) if unit else str(v)
 
-    rows = [("replicas", "replicas", ""), ("GPUs (replicas x TP)", "gpus", ""), ("router", "router", ""),
+    rows = [("serving", "shape", ""), ("replicas", "replicas", ""), ("GPUs (replicas x TP)", "gpus", ""),
+            ("router", "router", ""),
             ("router options", "router_options", ""), ("router latency (ms)", "router_latency_ms", "ms"),
             ("load imbalance (max / mean busy)", "busy_imbalance", "ratio"),
             ("reuse with infinite per-replica caches", "routed_ideal", "pct")]
     na, nb = names
     lines = ["## Fleet", "", f"| | {na} | {nb} |", "|---|---|---|"]
     for label, key, unit in rows:
-        mark = " **(differs)**" if a[key] != b[key] and key in ("replicas", "router", "router_options",
+        mark = " **(differs)**" if a[key] != b[key] and key in ("shape", "replicas", "router", "router_options",
                                                                   "router_latency_ms", "gpus") else ""
         lines.append(f"| {label}{mark} | {cell(a[key], unit)} | {cell(b[key], unit)} |")
     return lines + [""]

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from replay.reports.disagg import disagg_metrics
 from replay.reports.fleet import fleet_metrics
 from replay.reports.quantiles import quantile_cont
 from replay.reports.slo import Slo
@@ -70,6 +71,7 @@ class RunMetrics:
     status: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
     fleet: dict[str, Any] | None = None  # reports/fleet.py; runs with a fleet config only
+    disagg: dict[str, Any] | None = None  # reports/disagg.py; disaggregated fleets only
 
     def to_json(self) -> dict[str, Any]:
         return _clean(asdict(self))
@@ -231,6 +233,7 @@ def _compute(run: Run, slo: Slo | None, with_ideal: bool) -> RunMetrics:
         status=_rows(run, "status"),
     )
     metrics.fleet = fleet_metrics(run, bucket_ms, run.trace_path is not None and run.has_prefix_ids)
+    metrics.disagg = disagg_metrics(run)
     metrics.warnings = _warnings(run, metrics)
     return metrics
 

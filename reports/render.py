@@ -14,6 +14,7 @@ import yaml
 from replay.engine.config import EngineConfig
 from replay.reports.charts import turn_label
 from replay.reports.configdiff import differing
+from replay.reports.disagg import disagg_section
 from replay.reports.fleet import fleet_section
 from replay.reports.fmt import DASH, md_table, num
 from replay.reports.metrics import LATENCIES, SUMMARY_PERCENTILES, TURN_CAP, RunMetrics, falling_behind
@@ -205,6 +206,8 @@ def render_report(m: RunMetrics, info: dict[str, Any], outdir: Path, charts: dic
     lines += _reuse_section(m, charts.get("reuse_by_turn")) + [""]
     if m.fleet is not None:
         lines += fleet_section(m.fleet, m.reuse, m.ideal, charts.get("fleet_load"))
+    if m.disagg is not None:
+        lines += disagg_section(m.disagg)
     lines += _scheduler_section(m, info) + [""]
     lines += ["## Over time", "", keeping_up_text(m), ""]
     for name, alt in (("latency_over_time", "Latency over time"), ("queue_depth", "Queue depth over time"),

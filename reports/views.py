@@ -175,6 +175,10 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
         if meta.hash_block_size is None:
             notes.append(f"the trace has no prefix identity ({meta.prefix_identity}): "
                          "infinite-cache reuse is unknown, not zero")
+    # The fleet's replicas are the ones requests finish on: a disaggregated run's decode pool.
+    step_names = _check_columns(outdir / OUTPUT_VIEWS["steps"][0], OUTPUT_VIEWS["steps"][1])
+    where = " WHERE pool = 'decode'" if "pool" in step_names else ""
+    con.execute(f"CREATE OR REPLACE VIEW fleet_steps AS SELECT * FROM steps{where}")
     con.execute("CREATE OR REPLACE VIEW run_window AS " + sql("run_window"))
     con.execute("CREATE OR REPLACE MACRO itl_gaps_part(parts, part) AS TABLE " + sql("itl_gaps"))
     con.execute("CREATE OR REPLACE VIEW itl_gaps AS SELECT * FROM itl_gaps_part(1, 0)")

@@ -4,6 +4,6 @@ SELECT
     replica,
     floor(start_ms / $bucket_ms)::BIGINT        AS bucket,
     fsum(duration_ms) / $bucket_ms              AS busy_fraction
-FROM steps
+FROM fleet_steps
 GROUP BY ALL
 ORDER BY replica, bucket

@@ -21,7 +21,7 @@ st AS (
         fsum(duration_ms)                                               AS busy_ms,
         fsum(kv_usage * duration_ms) / nullif(fsum(duration_ms), 0)     AS kv_usage_mean,
         max(kv_usage)                                                   AS kv_usage_max
-    FROM steps
+    FROM fleet_steps
     GROUP BY ALL
 )
 SELECT
