@@ -54,7 +54,15 @@ def print_run_summary(outdir: Path, info: dict, wall_s: float, console: Console)
                 continue
             other.add_row(row.label, _fmt(row.value, row.unit), row.unit if row.unit not in ("count", "ratio") else "")
     fleet = metrics.fleet
-    if fleet is not None:
+    pools = metrics.disagg["pools"] if metrics.disagg is not None else None
+    if pools is not None:
+        config = (info.get("config") or {}).get("fleet") or {}
+        other.add_row("Prefill pool", f"{pools['prefill']['replicas']} x {escape(str(config.get('prefill_router')))}",
+                      f"replicas x router, {pools['prefill']['utilization']:.1%} busy")
+        other.add_row("Decode pool", f"{pools['decode']['replicas']} x {escape(str(config.get('router')))}",
+                      f"replicas x router, {pools['decode']['utilization']:.1%} busy")
+        other.add_row("KV read", f"{pools['kv_transfer']['bytes'] / 1e9:,.2f}", "GB")
+    elif fleet is not None:
         other.add_row("Fleet", f"{fleet['replicas']} x {escape(str(fleet['router']))}", "replicas x router")
         if fleet["busy_imbalance"] is not None:
             other.add_row("Load imbalance", f"{fleet['busy_imbalance']:.3f}", "max / mean busy")
