@@ -12,10 +12,13 @@ from typing import Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from replay.base.errors import TraceError
+from replay.base.structured import parse_json
 from replay.base.version import __version__
+
+from .trace_checks import check_column_types, check_required_values, check_trace_rows
 
 SCHEMA_VERSION = "1"
 
@@ -119,16 +122,20 @@ class TraceMetadata(BaseModel):
         meta = meta or {}
         values = {}
         for raw_key, raw_value in meta.items():
-            key = raw_key.decode()
+            key = raw_key.decode("utf-8", "replace")
             if key.startswith(METADATA_PREFIX):
-                values[key[len(METADATA_PREFIX):]] = json.loads(raw_value.decode())
+                values[key[len(METADATA_PREFIX):]] = parse_json(raw_value, f"{path}: metadata key {key}", TraceError)
         if "source_format" not in values:
             raise TraceError(
                 "not a canonical trace (no replay.* metadata); convert it with `replay ingest` first",
                 path=str(path),
             )
         known = set(cls.model_fields)
-        return cls(**{k: v for k, v in values.items() if k in known})
+        try:
+            return cls(**{k: v for k, v in values.items() if k in known})
+        except ValidationError as exc:
+            bad = "; ".join(f"{METADATA_PREFIX}{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+            raise TraceError(f"invalid trace metadata: {bad}", path=str(path)) from None
 
 
 def read_trace_metadata(path: str | Path) -> TraceMetadata:
@@ -151,13 +158,23 @@ def read_trace(path: str | Path, without: tuple[str, ...] = ()) -> tuple[pa.Tabl
     missing = [f.name for f in TRACE_SCHEMA if f.name not in names]
     if missing:
         raise TraceError(f"missing columns {missing}", path=str(path))
+    schema = trace_schema_for(optional_columns(names))
+    fields = [f for f in schema if f.name not in without]
+    check_column_types(pf.schema_arrow, pa.schema(fields), str(path))
     try:
         table = pf.read(columns=[n for n in names if n not in without])
     except (OSError, pa.ArrowException) as exc:  # a damaged data page: the footer alone read fine
         raise TraceError(f"cannot read Parquet data: {exc}", path=str(path)) from None
-    schema = trace_schema_for(optional_columns(table.column_names))
-    fields = [f for f in schema if f.name not in without]
-    table = table.select([f.name for f in fields]).cast(pa.schema(fields, metadata=meta.to_parquet_metadata()))
+    check_required_values(table, str(path))
+    columns = []
+    for f in fields:
+        try:
+            columns.append(table.column(f.name).cast(f.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:  # e.g. a length beyond int32
+            raise TraceError(f"does not fit the canonical {f.type}: {' '.join(str(exc).split())}",
+                             path=str(path), field=f.name) from None
+    table = pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=meta.to_parquet_metadata()))
+    check_trace_rows(table, meta.hash_block_size, str(path))
     return table, meta
 
 
@@ -166,7 +183,8 @@ def is_canonical_trace(path: str | Path) -> bool:
     if path.suffix.lower() != ".parquet":
         return False
     try:
-        read_trace_metadata(path)
+        metadata = pq.read_schema(path).metadata or {}
     except Exception:
         return False
-    return True
+    # Our metadata key marks a canonical trace; whether the rest holds up, read_trace says in full.
+    return (METADATA_PREFIX + "source_format").encode() in metadata

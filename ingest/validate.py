@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from .readers.base import ReaderInfo
 from .rejections import Rejection
+from .trace_checks import MAX_TIME_MS
 
 _INT32_MAX = 2**31 - 1
 _INT32_MIN = -(2**31)
@@ -37,11 +38,6 @@ def block_size_hint(input_tokens: int, n_ids: int) -> str:
     return f"block sizes {lo}..{hi} would fit"
 
 
-# Times stay exact in the engine's float64 millisecond clock at microsecond resolution up to 2^42 ms
-# (float64 spacing there is 2^-10 ms < 1 us; 139 years). Every real clock in ms is below it (Unix epoch
-# ms in 2026: 1.8e12); a larger value is a wrong unit or corrupt (e.g. 1e18). Traces are also rebased
-# to their first arrival, so the engine's times are small whatever the source clock.
-MAX_TIME_MS = 2**42
 
 
 class _Problems:

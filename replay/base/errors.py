@@ -15,14 +15,16 @@ class TraceError(ReplayError):
     """A trace that cannot be read or replayed."""
 
     def __init__(self, message: str, *, path: str | None = None, line: int | None = None,
-                 field: str | None = None) -> None:
+                 field: str | None = None, row: int | None = None) -> None:
         where = []
         if path is not None:
             where.append(str(path))
         if line is not None:
             where.append(f"line {line}")
+        if row is not None:  # a Parquet trace's row, 1-based
+            where.append(f"row {row}")
         if field is not None:
             where.append(f"field '{field}'")
         prefix = ": ".join([", ".join(where)]) + ": " if where else ""
         super().__init__(prefix + message)
-        self.path, self.line, self.field = path, line, field
+        self.path, self.line, self.field, self.row = path, line, field, row

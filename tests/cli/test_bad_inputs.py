@@ -142,3 +142,109 @@ def test_export_out_of_duckdb_memory_is_one_line_and_exit_2(trace, tmp_path, mon
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: DuckDB ran out of memory"), res.output
     assert not (tmp_path / "e.json").exists()
+
+
+# --- a canonical trace is checked on read as strictly as ingest writes it ----------------------------
+
+
+def _set_column(table, name: str, values, typ=None):
+    import pyarrow as pa
+
+    arr = pa.array(values, typ)
+    return table.set_column(table.column_names.index(name), pa.field(name, arr.type), arr)
+
+
+def _bad_trace(trace: Path, case: str, dest: Path) -> Path:
+    """A copy of the sample trace broken in one way a hand-edited or foreign-written file can be."""
+    import pyarrow as pa
+
+    t = pq.read_table(trace)
+    meta = dict(t.schema.metadata)
+    inp = t.column("input_tokens").to_pylist()
+    arr = t.column("arrival_ms").to_pylist()
+    ids = t.column("request_id").to_pylist()
+    hashes = t.column("hash_ids").to_pylist()
+    change = {
+        "null input_tokens": lambda: _set_column(t, "input_tokens", [None] + inp[1:], pa.int32()),
+        "null request_id": lambda: _set_column(t, "request_id", ids[:3] + [None] + ids[4:]),
+        "null arrival_ms": lambda: _set_column(t, "arrival_ms", arr[:-1] + [None], pa.int64()),
+        "zero input_tokens": lambda: _set_column(t, "input_tokens", inp[:1] + [0] + inp[2:], pa.int32()),
+        "negative output_tokens": lambda: _set_column(t, "output_tokens", [-3] * t.num_rows, pa.int32()),
+        "zero output_tokens": lambda: _set_column(t, "output_tokens", [0] * t.num_rows, pa.int32()),
+        "input_tokens as text": lambda: _set_column(t, "input_tokens", [str(x) for x in inp]),
+        "input_tokens as float": lambda: _set_column(t, "input_tokens", [x + 0.5 for x in inp]),
+        "input_tokens beyond int32": lambda: _set_column(t, "input_tokens", [2**40] + inp[1:], pa.int64()),
+        "arrival_ms as text": lambda: _set_column(t, "arrival_ms", [str(x) for x in arr]),
+        "negative arrival": lambda: _set_column(t, "arrival_ms", [-5] + arr[1:], pa.int64()),
+        "absurd arrival": lambda: _set_column(t, "arrival_ms", arr[:-1] + [10**18], pa.int64()),
+        "unsorted rows": lambda: _set_column(t, "arrival_ms", arr[::-1], pa.int64()),
+        "duplicate request id": lambda: _set_column(t, "request_id", ids[:5] + [ids[2]] + ids[6:]),
+        "hash ids one too many": lambda: _set_column(t, "hash_ids", [hashes[0] + [7]] + hashes[1:],
+                                                     pa.list_(pa.uint64())),
+        "null inside hash_ids": lambda: _set_column(t, "hash_ids", [hashes[0][:-1] + [None]] + hashes[1:],
+                                                    pa.list_(pa.uint64())),
+        "hash_ids as strings": lambda: _set_column(t, "hash_ids", [[str(h) for h in r] for r in hashes]),
+        "negative delay": lambda: _set_column(t, "delay_ms", [-1] * t.num_rows, pa.int64()),
+        "negative turn": lambda: _set_column(t, "turn", [-2] * t.num_rows, pa.int32()),
+    }
+    meta_change = {
+        "hash_block_size 0": {b"replay.hash_block_size": b"0"},
+        "hash_block_size negative": {b"replay.hash_block_size": b"-16"},
+        "hash_block_size as text": {b"replay.hash_block_size": b'"sixteen"'},
+        "metadata nested too deep": {b"replay.notes": b"[" * 100_000},
+        "metadata not JSON": {b"replay.source_format": b"{oops"},
+    }
+    if case in meta_change:
+        meta.update(meta_change[case])
+    else:
+        t = change[case]()
+    pq.write_table(t.replace_schema_metadata(meta), dest)
+    return dest
+
+
+_TRACE_FIELD = {"hash_block_size 0": "hash_block_size", "hash_block_size negative": "hash_block_size",
+                "hash_block_size as text": "hash_block_size", "metadata nested too deep": "replay.notes",
+                "metadata not JSON": "replay.source_format", "null inside hash_ids": "hash_ids",
+                "hash ids one too many": "hash_ids", "hash_ids as strings": "hash_ids",
+                "duplicate request id": "request_id", "null request_id": "request_id",
+                "unsorted rows": "arrival_ms", "absurd arrival": "arrival_ms", "negative arrival": "arrival_ms",
+                "negative delay": "delay_ms", "negative turn": "turn"}
+TRACE_CASES = ["null input_tokens", "null request_id", "null arrival_ms", "zero input_tokens",
+               "negative output_tokens", "zero output_tokens", "input_tokens as text", "input_tokens as float",
+               "input_tokens beyond int32", "arrival_ms as text", "negative arrival", "absurd arrival",
+               "unsorted rows", "duplicate request id", "hash ids one too many", "null inside hash_ids",
+               "hash_ids as strings", "negative delay", "negative turn", "hash_block_size 0",
+               "hash_block_size negative", "hash_block_size as text", "metadata nested too deep",
+               "metadata not JSON"]
+
+
+@pytest.mark.parametrize("case", TRACE_CASES)
+def test_a_canonical_trace_is_checked_on_read_as_strictly_as_ingest_writes_it(case, trace, tmp_path, monkeypatch):
+    """`run` (and `inspect`, sweeps, the API: every reader of a canonical trace) refuses a Parquet
+    trace that `ingest` would never have written, in one line naming the file and the field (and the
+    row), instead of replaying nonsense or crashing."""
+    monkeypatch.chdir(tmp_path)
+    _bad_trace(trace, case, tmp_path / "bad.parquet")
+    field = _TRACE_FIELD.get(case, case.split()[-1] if case.split()[-1].endswith(("_tokens", "_ms")) else
+                             case.split()[0])
+    # `inspect` reads neither request ids nor the session columns, and streams the hash ids itself.
+    inspect_reads = field not in ("request_id", "hash_ids", "turn", "delay_ms")
+    for args in (["run", "bad.parquet", "-o", "o", "-q"], *([["inspect", "bad.parquet"]] if inspect_reads else [])):
+        res = invoke(*args)
+        assert res.exit_code == 2, (args, res.output)
+        lines = res.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: bad.parquet"), res.output
+        assert field in lines[0], lines[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_trace_checks_name_the_first_bad_row_and_count_the_rest(trace, tmp_path):
+    from replay.base.errors import TraceError
+    from replay.ingest.schema import read_trace
+
+    with pytest.raises(TraceError, match=r"row 1, field 'output_tokens': -3 output tokens.*and 59 more rows"):
+        read_trace(_bad_trace(trace, "negative output_tokens", tmp_path / "b.parquet"))
+    with pytest.raises(TraceError, match=r"row 6, field 'request_id': duplicate request id \(first at row 3\)"):
+        read_trace(_bad_trace(trace, "duplicate request id", tmp_path / "d.parquet"))
+    table, _ = read_trace(trace)  # the good trace still reads
+    assert table.num_rows == 60
