@@ -142,9 +142,13 @@ def read_trace_metadata(path: str | Path) -> TraceMetadata:
     return TraceMetadata.from_parquet_metadata(pq.read_schema(path).metadata, path)
 
 
-def read_trace(path: str | Path, without: tuple[str, ...] = ()) -> tuple[pa.Table, TraceMetadata]:
+def read_trace(path: str | Path, without: tuple[str, ...] = (), *,
+               replayable: bool = False) -> tuple[pa.Table, TraceMetadata]:
     """Read a whole canonical trace (columns cast to the canonical schema, optional columns kept),
-    but for the columns named in ``without`` (which must still be in the file).
+    but for the columns named in ``without`` (which must still be in the file). Every row is checked as
+    ``replay ingest`` writes it (``trace_checks.py``); ``replayable=True`` (a replay's reading) also
+    refuses rows out of arrival order and hash ids that do not fit ``hash_block_size``, which
+    ``replay inspect`` and the reports' trace views tolerate (they order rows and cap hits themselves).
 
     The table's schema keeps the ``replay.*`` metadata, so ``trace_stats`` can find the block size.
     """
@@ -174,7 +178,7 @@ def read_trace(path: str | Path, without: tuple[str, ...] = ()) -> tuple[pa.Tabl
             raise TraceError(f"does not fit the canonical {f.type}: {' '.join(str(exc).split())}",
                              path=str(path), field=f.name) from None
     table = pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=meta.to_parquet_metadata()))
-    check_trace_rows(table, meta.hash_block_size, str(path))
+    check_trace_rows(table, meta.hash_block_size, str(path), replayable=replayable)
     return table, meta
 
 

@@ -101,9 +101,11 @@ def check_required_values(table: pa.Table, path: str) -> None:
             where.refuse(_nulls(table, name), name, lambda i: "missing value (null) in a required column")
 
 
-def check_trace_rows(table: pa.Table, hash_block_size: int | None, path: str) -> None:
+def check_trace_rows(table: pa.Table, hash_block_size: int | None, path: str, *, replayable: bool = True) -> None:
     """Refuse the first row ``replay ingest`` would not have written (the table is cast to the
-    canonical schema already); see the module docstring for the rules."""
+    canonical schema already); see the module docstring for the rules. ``replayable=False`` accepts rows
+    out of arrival order and hash ids that do not fit the block size: ``replay inspect`` and the
+    reports' trace views order rows and cap hits themselves; the engine needs both as ingest writes them."""
     where = _Where(table, path)
     bs = hash_block_size
     if bs is not None and (isinstance(bs, bool) or bs <= 0):
@@ -119,7 +121,7 @@ def check_trace_rows(table: pa.Table, hash_block_size: int | None, path: str) ->
         where.refuse((arrival < 0) | (arrival > MAX_TIME_MS), "arrival_ms",
                      lambda i: f"arrival {arrival[i]:,} ms is outside 0..2^42 ms (arrivals count from the trace's "
                                "first request)")
-        if len(arrival) > 1:
+        if replayable and len(arrival) > 1:
             where.refuse(np.concatenate([[False], arrival[1:] < arrival[:-1]]), "arrival_ms",
                          lambda i: f"arrival {arrival[i]:,} ms is before the previous row's {arrival[i - 1]:,} ms "
                                    "(rows must be in arrival order)")
@@ -131,7 +133,7 @@ def check_trace_rows(table: pa.Table, hash_block_size: int | None, path: str) ->
     if turn is not None:
         where.refuse(turn < 0, "turn", lambda i: f"negative turn {turn[i]}")
     _check_unique_ids(table, where)
-    _check_hash_ids(table, bs, where)
+    _check_hash_ids(table, bs, where, fit=replayable)
 
 
 def _check_unique_ids(table: pa.Table, where: _Where) -> None:
@@ -148,7 +150,7 @@ def _check_unique_ids(table: pa.Table, where: _Where) -> None:
     where.refuse(mask, "request_id", lambda i: f"duplicate request id (first at row {int(rows[0]) + 1})")
 
 
-def _check_hash_ids(table: pa.Table, bs: int | None, where: _Where) -> None:
+def _check_hash_ids(table: pa.Table, bs: int | None, where: _Where, *, fit: bool) -> None:
     if "hash_ids" not in table.column_names:
         return
     ids = table.column("hash_ids").combine_chunks()
@@ -167,7 +169,7 @@ def _check_hash_ids(table: pa.Table, bs: int | None, where: _Where) -> None:
                      lambda i: "hash ids, but the trace's metadata has no replay.hash_block_size (tokens per id)")
         return
     inp = _ints(table, "input_tokens")
-    if inp is None:
+    if inp is None or not fit:
         return
     expected = (inp + bs - 1) // bs
     where.refuse(valid & (lens != expected), "hash_ids",

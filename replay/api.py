@@ -31,7 +31,7 @@ def load_any_trace(path: str | Path, **ingest_options: Any) -> tuple[pa.Table, T
     """A canonical Parquet trace as is, or any file `replay ingest` reads, converted in memory."""
     require_regular_file(path, "trace file")
     if is_canonical_trace(path):
-        return read_trace(path)
+        return read_trace(path, replayable=True)
     from replay.ingest import load_trace
 
     return load_trace(path, **ingest_options)

@@ -265,7 +265,7 @@ def calibrate_from_requests(outdir: str | Path, *, measured: str | Path | None =
     trace_path = Path((info.get("trace") or {}).get("path", ""))
     if not trace_path.is_file():
         raise ReplayError(f"{outdir}: the run's trace {trace_path} is not found")
-    table, meta = read_trace(trace_path)
+    table, meta = read_trace(trace_path, replayable=True)
     if measured is not None and measured_table is None:
         from replay.ingest import load_trace
 

@@ -38,7 +38,7 @@ class Executor(Protocol):
 
 
 def load_worker_trace(trace_path: str, slo: SweepSlo) -> WorkerTrace:
-    table, meta = read_trace(trace_path)
+    table, meta = read_trace(trace_path, replayable=True)
     return WorkerTrace(table=table, meta=meta, path=trace_path, slo=slo)
 
 

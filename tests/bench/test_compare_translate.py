@@ -200,7 +200,7 @@ def test_prepare_refuses_or_flattens_sessions(tmp_path):
     table = _table([
         {"request_id": "s1", "arrival_ms": 0, "input_tokens": 100, "output_tokens": 2, "hash_ids": [1],
          "session_id": "s", "turn": 0},
-        {"request_id": "s2", "arrival_ms": 900, "input_tokens": 200, "output_tokens": 2, "hash_ids": [1, 2],
+        {"request_id": "s2", "arrival_ms": 900, "input_tokens": 600, "output_tokens": 2, "hash_ids": [1, 2],
          "session_id": "s", "parent_id": "s1", "turn": 1, "delay_ms": 500},
     ])
     path = tmp_path / "s.parquet"

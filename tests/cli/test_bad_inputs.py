@@ -228,7 +228,8 @@ def test_a_canonical_trace_is_checked_on_read_as_strictly_as_ingest_writes_it(ca
     field = _TRACE_FIELD.get(case, case.split()[-1] if case.split()[-1].endswith(("_tokens", "_ms")) else
                              case.split()[0])
     # `inspect` reads neither request ids nor the session columns, and streams the hash ids itself.
-    inspect_reads = field not in ("request_id", "hash_ids", "turn", "delay_ms")
+    # Rows out of arrival order are fine there (it orders them itself, docs/trace-schema.md).
+    inspect_reads = field not in ("request_id", "hash_ids", "turn", "delay_ms") and case != "unsorted rows"
     for args in (["run", "bad.parquet", "-o", "o", "-q"], *([["inspect", "bad.parquet"]] if inspect_reads else [])):
         res = invoke(*args)
         assert res.exit_code == 2, (args, res.output)
