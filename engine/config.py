@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from replay.base.errors import ConfigError, ReplayError
 from replay.base.files import require_regular_file
+from replay.base.structured import load_yaml
 from replay.engine.hardware import get_hardware
 from replay.engine.models import ModelSpec, get_model
 from replay.engine.pd_config import KVTransferConfig, PoolConfig
@@ -331,7 +332,7 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 def _parse_scalar(text: str, item: str) -> Any:
     """Override values use YAML scalars: 8192, 0.5, true, null, fcfs, [0.8, 0.3]."""
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {item!r}: invalid YAML value ({_yaml_problem(exc)})") from None
 
@@ -372,7 +373,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{path}: not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset "
                               f"{exc.start}); a config is YAML text") from None
         try:
-            loaded = yaml.safe_load(text)
+            loaded = load_yaml(text)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: invalid YAML: {_yaml_problem(exc)}") from None
         if loaded is None:

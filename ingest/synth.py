@@ -48,7 +48,7 @@ AZURE_START = datetime(2023, 11, 16, 18, 0, 0)  # the Azure 2023 trace's day, fo
 class SynthConfig(BaseModel):
     """Parameters of a synthetic trace (all have defaults; see the module doc)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     requests: int = Field(2000, ge=1)
     seed: int = 0

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import duckdb
 
 from replay.base.duckdb_conn import connect, sql_literal
 from replay.base.errors import ReplayError
+from replay.base.structured import parse_json
 from replay.engine.output_schema import REQUESTS_FILE, STEPS_FILE
 from replay.reports.sqlfiles import sql
 
@@ -20,6 +20,7 @@ SWEEP_FILE = "sweep.json"      # the names replay.sweep.store writes (reports do
 TABLE_FILE = "sweep.parquet"
 PLAN_FILE = "plan.parquet"     # written by `replay plan` only
 FIRST_METRIC = "completed"     # sweep.parquet: the grid keys, then the metrics from this column on
+TAIL_COLUMNS = ("config_hash", "outdir", "error")  # sweep.parquet's last columns (replay/sweep/table.py)
 CROSS_RUN_VIEWS = {"requests": REQUESTS_FILE, "steps": STEPS_FILE}
 
 
@@ -47,16 +48,25 @@ class Sweep:
 def open_sweep(root: str | Path, con: duckdb.DuckDBPyConnection | None = None) -> Sweep:
     root = Path(root)
     try:
-        info = json.loads((root / SWEEP_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ReplayError(f"{root / SWEEP_FILE}: cannot read the sweep definition: {exc}") from None
+        info = parse_json((root / SWEEP_FILE).read_bytes(), f"{root / SWEEP_FILE}: cannot read the sweep definition")
+    except OSError as exc:
+        raise ReplayError(f"{root / SWEEP_FILE}: cannot read the sweep definition: {exc.strerror}") from None
+    if not isinstance(info, dict):
+        raise ReplayError(f"{root / SWEEP_FILE}: expected a JSON object (a damaged sweep definition)")
     table = root / TABLE_FILE
     if not table.is_file():
         raise ReplayError(f"{root}: no {TABLE_FILE} yet (the sweep has not finished: rerun `replay sweep` "
                           "with the same arguments to complete it)")
     con = con if con is not None else connect()
-    con.execute(f"CREATE OR REPLACE VIEW sweep AS SELECT * FROM read_parquet({sql_literal(str(table.resolve()))})")
+    try:
+        con.execute(f"CREATE OR REPLACE VIEW sweep AS SELECT * FROM read_parquet({sql_literal(str(table.resolve()))})")
+    except duckdb.Error as exc:
+        raise ReplayError(f"{table}: damaged Parquet file, cannot read it ({' '.join(str(exc).split())})") from None
     names = [r[0] for r in con.execute("SELECT column_name FROM (DESCRIBE sweep)").fetchall()]
+    missing = [c for c in (FIRST_METRIC, *TAIL_COLUMNS) if c not in names]
+    if missing:
+        raise ReplayError(f"{table}: not a sweep table (column '{missing[0]}' missing); rerun `replay sweep` "
+                          "with the same arguments to rebuild it")
     axes = names[:names.index(FIRST_METRIC)] if FIRST_METRIC in names else []  # always the table's own
     has_plan = (root / PLAN_FILE).is_file() and info.get("command") == "plan"  # not a stale plan under a later sweep
     if has_plan:

@@ -8,7 +8,6 @@ loaded into memory until a query needs it.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import pyarrow.parquet as pq
 
 from replay.base.duckdb_conn import connect, sql_literal
 from replay.base.errors import ReplayError, TraceError
+from replay.base.structured import parse_json
 from replay.engine.output_schema import (
     CHUNKS_FILE,
     CHUNKS_SCHEMA,
@@ -70,12 +70,41 @@ def read_run_json(outdir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ReplayError(f"{outdir}: not a replay output directory (no {RUN_FILE}); run `replay run` first")
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ReplayError(f"{path}: cannot read run info: {exc}") from None
+        info = parse_json(path.read_bytes(), f"{path}: cannot read run info")
+    except OSError as exc:
+        raise ReplayError(f"{path}: cannot read run info: {exc.strerror}") from None
     if not isinstance(info, dict):
         raise ReplayError(f"{path}: expected a JSON object")
+    check_run_info(info, path)
     return info
+
+
+# run.json's sections and the JSON types the reports read them as: a hand-edited or damaged file is
+# refused here, naming the key, instead of failing deep inside a report.
+_RUN_INFO_TYPES: dict[str, tuple[type, ...]] = {"config": (dict,), "trace": (dict,), "totals": (dict,),
+                                                "warnings": (list,), "replicas": (list,)}
+_TRACE_INFO_TYPES: dict[str, tuple[type, ...]] = {"path": (str,), "fingerprint": (str,), "rows": (int,),
+                                                  "replayed_rows": (int,)}
+
+
+_JSON_KIND = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number",
+              bool: "true or false"}
+
+
+def _json_kind(value: Any) -> str:
+    return _JSON_KIND.get(type(value), type(value).__name__)
+
+
+def check_run_info(info: dict[str, Any], path: Path) -> None:
+    """Refuse a run.json section (or trace field) of the wrong JSON type, naming the key."""
+    for table, prefix, section in ((_RUN_INFO_TYPES, "", info), (_TRACE_INFO_TYPES, "trace.", info.get("trace"))):
+        if not isinstance(section, dict):
+            continue
+        for key, types in table.items():
+            value = section.get(key)
+            if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+                raise ReplayError(f"{path}: key '{prefix}{key}' is {_json_kind(value)}, expected "
+                                  f"{' or '.join(_JSON_KIND[t] for t in types)} (a damaged run.json: rerun `replay run`)")
 
 
 def _check_columns(path: Path, schema) -> list[str]:

@@ -16,7 +16,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from replay.base.errors import ConfigError
+from replay.base.errors import ConfigError, ReplayError
+from replay.base.files import require_regular_file
+from replay.base.structured import load_yaml
 
 __all__ = ["Figure", "HardwareProfile", "TimingParams", "get_hardware", "list_hardware"]
 
@@ -129,11 +131,16 @@ def _validate(data: object, where: str) -> HardwareProfile:
 @lru_cache(maxsize=32)
 def _profile_file(path: str) -> HardwareProfile:
     try:
+        require_regular_file(path, "hardware profile")
         text = Path(path).read_text(encoding="utf-8")
+    except ReplayError as exc:
+        raise ConfigError(str(exc)) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the hardware profile: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file; a hardware profile is YAML text") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
 import yaml
 
-from replay.base.errors import ConfigError
+from replay.base.errors import ConfigError, ReplayError
+from replay.base.files import require_regular_file
+from replay.base.structured import parse_json
 from replay.engine.models.spec import ModelSpec, spec_from_hf_config
 
 __all__ = ["ModelSpec", "get_model", "list_models", "spec_from_hf_config"]
@@ -44,9 +45,15 @@ def _from_path(path: Path) -> ModelSpec:
     if not cfg_path.is_file():
         raise ConfigError(f"{path}: no config.json there")
     try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{cfg_path}: cannot read the model config: {exc}") from None
+        require_regular_file(cfg_path, "model config.json")
+        cfg = parse_json(cfg_path.read_bytes(), str(cfg_path), ConfigError)
+    except OSError as exc:
+        raise ConfigError(f"{cfg_path}: cannot read the model config: {exc.strerror}") from None
+    except ReplayError as exc:
+        raise ConfigError(str(exc)) from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{cfg_path}: a model config must be a JSON object (a Hugging Face config.json), "
+                          f"not a {type(cfg).__name__}")
     name = cfg.get("_name_or_path") or (path.name if path.is_dir() else path.parent.name)
     # aiconfigurator-core accepts a local folder holding config.json
     return spec_from_hf_config(cfg, name=str(name), source=str(cfg_path), aic_name=str(cfg_path.parent))

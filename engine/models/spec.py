@@ -178,16 +178,31 @@ def spec_from_hf_config(cfg: Mapping[str, Any], *, name: str, source: str,
             dense_layers = _int(cfg, "first_k_dense_replace", source)
         else:
             step = _int(cfg, "decoder_sparse_step", source, 1) or 1
-            mlp_only = set(cfg.get("mlp_only_layers") or [])
+            mlp_only = cfg.get("mlp_only_layers") or []
+            if not isinstance(mlp_only, list) or not all(isinstance(i, int) for i in mlp_only):
+                raise ConfigError(f"{source}: field 'mlp_only_layers' must be a list of layer indices")
+            mlp_only = set(mlp_only)
             dense_layers = sum(1 for i in range(layers) if i in mlp_only or (i + 1) % step != 0)
     moe_width = _int(cfg, "moe_intermediate_size", source, 0) if num_experts else 0
     if num_experts and not moe_width and "num_local_experts" in cfg:
         moe_width = _int(cfg, "intermediate_size", source)  # Mixtral: every expert is a full-width MLP
     quant = cfg.get("quantization_config") or {}
     checkpoint_dtype = "fp8" if isinstance(quant, Mapping) and quant.get("quant_method") == "fp8" else "bf16"
+    sizes = {"head_dim": head_dim, "v_head_dim": v_head, "intermediate_size": _int(cfg, "intermediate_size", source),
+             "vocab_size": _int(cfg, "vocab_size", source),
+             "max_position_embeddings": _int(cfg, "max_position_embeddings", source)}
+    if num_experts:
+        sizes["num_experts_per_tok"] = _int(cfg, "num_experts_per_tok", source, 0)
+        sizes["moe_intermediate_size"] = moe_width
+    zero = [key for key, value in sizes.items() if value <= 0]
+    if zero:  # a zero width would price every step at nothing (or divide by zero)
+        raise ConfigError(f"{source}: field '{zero[0]}' must be > 0 (a model's every dimension is at least 1)")
+    if num_experts and sizes["num_experts_per_tok"] > num_experts:
+        raise ConfigError(f"{source}: field 'num_experts_per_tok' ({sizes['num_experts_per_tok']}) exceeds the "
+                          f"{num_experts} experts")
     return ModelSpec(
         name=name,
-        architecture=str(archs[0]),
+        architecture=str(archs[0]) if isinstance(archs, list) else str(archs),
         num_layers=layers,
         hidden_size=hidden,
         num_q_heads=nq,

@@ -8,7 +8,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from replay.base.atomic import write_text_atomic
-from replay.base.errors import ConfigError
+from replay.base.errors import ConfigError, ReplayError
+from replay.base.files import require_regular_file
+from replay.base.structured import load_yaml, yaml_problem
 from replay.engine.timing.roofline import RooflineParams
 
 PROFILE_KIND = "replay-timing-profile"
@@ -63,11 +65,16 @@ def save_profile(profile: TimingProfile, path: str | Path) -> None:
 
 def load_profile(path: str | Path) -> TimingProfile:
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        require_regular_file(path, "timing profile")
+        data = load_yaml(Path(path).read_text(encoding="utf-8"))
+    except ReplayError as exc:
+        raise ConfigError(str(exc)) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read timing profile: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file; a timing profile is YAML text") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+        raise ConfigError(f"{path}: invalid YAML: {yaml_problem(exc)}") from None
     if not isinstance(data, dict) or data.get("kind") != PROFILE_KIND:
         raise ConfigError(f"{path}: not a timing profile (expected kind: {PROFILE_KIND}; "
                           "write one with `replay calibrate`)")

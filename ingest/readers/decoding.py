@@ -86,6 +86,8 @@ def read_errors(path: Path) -> Iterator[None]:
         yield
     except UnicodeDecodeError:
         raise bad_utf8_error(path) from None
+    except RecursionError:
+        raise TraceError("a JSON value nested too deeply to read", path=str(path)) from None
     except _COMPRESSED_ERRORS as exc:
         raise TraceError(f"truncated or corrupt compressed file ({exc or type(exc).__name__})",
                          path=str(path)) from None

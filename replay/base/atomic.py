@@ -146,21 +146,51 @@ def check_output_file(final: str | os.PathLike[str],
                           "replace it: give a file name")
 
 
+def _about_temp(exc: OSError, tmp: Path) -> bool:
+    """Whether the system's refusal concerns our temp path (so the user's output is the one to name)."""
+    names = [str(n) for n in (exc.filename, exc.filename2) if n is not None] or [str(exc)]
+    return any(str(tmp) in name for name in names)
+
+
+def _output_refused(final: Path, exc: OSError) -> OutputError:
+    """A write the system refused (disk full, read-only filesystem, no permission...), named by the
+    output the user asked for rather than by our temp name; the temp is gone, the old output kept."""
+    what = exc.strerror or " ".join(str(exc).split()) or type(exc).__name__
+    hint = {errno.ENOSPC: " (the disk is full: free space and rerun; an existing output is unchanged)",
+            errno.EDQUOT: " (disk quota exceeded; an existing output is unchanged)",
+            errno.EROFS: " (a read-only filesystem: write the output somewhere writable)"}.get(exc.errno or 0, "")
+    return OutputError(f"{final}: cannot write the output: {what}{hint}")
+
+
+@contextlib.contextmanager
+def _temp_errors(final: Path, tmp: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        if _about_temp(exc, tmp):
+            raise _output_refused(final, exc) from None
+        raise
+
+
 @contextlib.contextmanager
 def atomic_path(final: str | os.PathLike[str],
                 inputs: Iterable[str | os.PathLike[str] | None] = ()) -> Iterator[Path]:
     """Yield a temp path beside ``final``; rename it onto ``final`` only if the block succeeds."""
     final = Path(final)
     check_output_file(final, inputs)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(final)
-    fd, tmp_name = tempfile.mkstemp(prefix=_tmp_prefix(final), suffix=".tmp", dir=final.parent)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(final)
+        fd, tmp_name = tempfile.mkstemp(prefix=_tmp_prefix(final), suffix=".tmp", dir=final.parent)
+    except OSError as exc:
+        raise _output_refused(final, exc) from None
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        yield tmp
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
-        os.replace(tmp, final)
+        with _temp_errors(final, tmp):
+            yield tmp
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
+            os.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -279,14 +309,18 @@ def atomic_dir(final: str | os.PathLike[str], overwrite: bool = True, *,
     never destroys the previous good output.
     """
     final = check_output_dir(final, overwrite=overwrite, inputs=inputs)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(final)
-    tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(final), suffix=".tmp", dir=final.parent))
     try:
-        yield tmp
-        write_marker(tmp, kind)
-        os.chmod(tmp, 0o777 & ~_umask())
-        _swap_into_place(tmp, final)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(final)
+        tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(final), suffix=".tmp", dir=final.parent))
+    except OSError as exc:
+        raise _output_refused(final, exc) from None
+    try:
+        with _temp_errors(final, tmp):
+            yield tmp
+            write_marker(tmp, kind)
+            os.chmod(tmp, 0o777 & ~_umask())
+            _swap_into_place(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -46,14 +46,29 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}: {what}" if mark is not None else what
 
 
-def parse_yaml(text: str, where: str, error: type[ReplayError] = ReplayError) -> Any:
-    """``text`` as YAML (safe types only, unique keys); ``error`` names ``where`` on any problem."""
+class TooDeepError(yaml.YAMLError):
+    """A YAML document nested beyond what the parser's recursion can follow."""
+
+    problem = "nested too deeply to read"
+
+    def __str__(self) -> str:
+        return self.problem
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` as YAML (safe types only, unique keys); every problem is a ``yaml.YAMLError``."""
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise TooDeepError() from None
+
+
+def parse_yaml(text: str, where: str, error: type[ReplayError] = ReplayError) -> Any:
+    """``load_yaml``; ``error`` names ``where`` on any problem."""
+    try:
+        return load_yaml(text)
     except yaml.YAMLError as exc:
         raise error(f"{where}: invalid YAML: {yaml_problem(exc)}") from None
-    except RecursionError:
-        raise error(f"{where}: invalid YAML: nested too deeply to read") from None
 
 
 def parse_json(text: str | bytes, where: str, error: type[ReplayError] = ReplayError) -> Any:

@@ -26,12 +26,28 @@ def _is_duckdb_out_of_memory(exc: BaseException) -> bool:
     return kind.__name__ == "OutOfMemoryException" and kind.__module__.lstrip("_").startswith("duckdb")
 
 
+def os_error_line(exc: OSError) -> str:
+    """``<file>: <what the system said>`` (Arrow's I/O errors carry the text only). Failures writing
+    an output are named by that output already (replay.base.atomic); this covers the rest."""
+    what = exc.strerror or one_line(str(exc)) or type(exc).__name__
+    return f"{exc.filename}: {what}" if exc.filename is not None else what
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     try:
         yield
     except ReplayError as exc:
         err_console.print(f"[bold red]error:[/] {escape(one_line(str(exc)))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=2) from None
+    except OSError as exc:
+        # The system refused (a full disk, a read-only filesystem, a busy mount point, a name too long,
+        # no permission): say what and where. Outputs are atomic, so nothing half-written is left.
+        err_console.print(f"[bold red]error:[/] {escape(os_error_line(exc))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=2) from None
+    except RecursionError:
+        err_console.print("[bold red]error:[/] an input is nested too deeply to read (JSON or YAML nesting)",
+                          highlight=False, soft_wrap=True)
         raise typer.Exit(code=2) from None
     except Exception as exc:
         if not _is_duckdb_out_of_memory(exc):

@@ -62,8 +62,9 @@ def register(app: typer.Typer) -> None:
                     block_size=block_size, length_dist=length_dist, length_sigma=length_sigma,
                     system_prompts=system_prompts, system_tokens=system_tokens, zipf=zipf, user_tokens=user_tokens,
                     output_tokens=output_tokens, max_input=max_input, turns_mean=turns_mean, think_s=think_s)
-            except ValidationError as exc:
-                raise ConfigError(str(exc)) from None
+            except ValidationError as exc:  # one line naming each bad option, as the flag is spelled
+                raise ConfigError("; ".join(f"--{'.'.join(str(p) for p in e['loc']).replace('_', '-')} "
+                                            f"{e.get('input')!r}: {e['msg']}" for e in exc.errors())) from None
             if kind == "azure":
                 n = sy.write_azure_csv(cfg, output)
             else:  # one batch of rows at a time (10 M requests in Python lists took 11.6 GB)

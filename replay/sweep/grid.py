@@ -18,7 +18,9 @@ from typing import Any
 
 import yaml
 
-from replay.base.errors import ConfigError
+from replay.base.errors import ConfigError, ReplayError
+from replay.base.files import require_regular_file
+from replay.base.structured import load_yaml, yaml_problem
 from replay.engine.config import EngineConfig, apply_overrides, validate_config
 
 _RANGE = re.compile(r"^\s*(-?\d+)\s*\.\.\s*(-?\d+)\s*(?::\s*(\d+))?\s*$")
@@ -42,7 +44,7 @@ class Axis:
 
 
 def _scalar_label(text: str) -> Any:
-    value = yaml.safe_load(text)
+    value = load_yaml(text)
     return value if isinstance(value, bool | int | float | str) or value is None else text
 
 
@@ -61,11 +63,16 @@ def parse_range(text: str, flag: str) -> list[int] | None:
 
 def _load_yaml_value(path: Path, flag: str) -> dict:
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        require_regular_file(path, "grid YAML file")
+        loaded = load_yaml(path.read_text(encoding="utf-8"))
+    except ReplayError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"{flag}: {path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{flag}: {path}: not a UTF-8 text file") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{flag}: {path}: invalid YAML: {exc}") from None
+        raise ConfigError(f"{flag}: {path}: invalid YAML: {yaml_problem(exc)}") from None
     if not isinstance(loaded, dict):
         raise ConfigError(f"{flag}: {path}: a grid YAML file must hold a mapping of config keys")
     return loaded

@@ -97,9 +97,10 @@ class ResultStore:
         if not path.is_file():
             return None
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):  # ValueError: bad JSON or not UTF-8
             return None  # unreadable: treated as missing, so the config is redone
+        return record if isinstance(record, dict) else None
 
     def is_done(self, key: str, *, need_run_dir: bool, retry_failed: bool) -> bool:
         rec = self.load(key)

@@ -3,6 +3,7 @@ and an interrupted or failed command leaves the old output whole and no temp fil
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -454,3 +455,35 @@ def test_a_mount_point_is_refused_as_an_output_folder(tmp_path, monkeypatch, tra
     monkeypatch.setattr(os.path, "ismount", lambda p: Path(p) == out)
     res = _invoke("run", str(trace), "-o", str(out), "-q")
     assert res.exit_code == 2 and "is a mount point" in res.output, res.output
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EIO])
+def test_a_write_the_system_refuses_names_the_output_and_keeps_the_old_one(trace, tmp_path, monkeypatch, err):
+    """Disk full, read-only filesystem, no permission, quota, I/O error, while the new output is being
+    written: one line naming the output (not our temp name), exit 2, the old output whole, no temp left."""
+    out = write_sample_run(tmp_path / "out", trace)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def refuse(directory, kind):
+        raise OSError(err, os.strerror(err), str(Path(directory) / MARKER))
+
+    monkeypatch.setattr(atomic, "write_marker", refuse)
+    res = _invoke("run", str(trace), "-o", str(out), "-q")
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {out}: cannot write the output: {os.strerror(err)}")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before and _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("err", [errno.EROFS, errno.ENOSPC, errno.EACCES])
+def test_a_file_output_the_system_refuses_is_one_line(tmp_path, monkeypatch, err):
+    def refuse(*args, **kwargs):
+        raise OSError(err, os.strerror(err), str(tmp_path / ".t.parquet.replay-1-x.tmp"))
+
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", refuse)
+    res = _invoke("ingest", str(SAMPLE), "-o", str(tmp_path / "t.parquet"))
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"error: {tmp_path / 't.parquet'}: cannot write the output: {os.strerror(err)}")
+    assert not (tmp_path / "t.parquet").exists()

@@ -249,3 +249,124 @@ def test_trace_checks_name_the_first_bad_row_and_count_the_rest(trace, tmp_path)
         read_trace(_bad_trace(trace, "duplicate request id", tmp_path / "d.parquet"))
     table, _ = read_trace(trace)  # the good trace still reads
     assert table.num_rows == 60
+
+
+# --- inputs that used to end in a traceback: nesting, wrong shapes, damaged outputs -------------------
+
+_DEEP_JSON = "[" * 200_000 + "]" * 200_000
+_DEEP_YAML = "a: " + "[" * 200_000 + "]" * 200_000
+
+
+def _write(d: Path, name: str, text: str) -> Path:
+    (d / name).write_text(text)
+    return d / name
+
+
+def _model_json(d: Path, **changes) -> str:
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "engine" / "models" / "catalog.yaml").read_text())["models"][0]["config"]
+    cfg.update(changes)
+    _write(d, "model.json", json.dumps(cfg))
+    return "model=model.json"
+
+
+def _damaged_run(d: Path, t: Path, run_json: str) -> Path:
+    out = write_sample_run(d / "out", t)
+    (out / "run.json").write_text(run_json)
+    return out
+
+
+def _sweep_dir(d: Path, t: Path, table: bytes) -> Path:
+    sw = d / "sw"
+    res = invoke("sweep", str(t), "--grid", "seed=1,2", "-o", str(sw), "-q", "-j", "1")
+    assert res.exit_code == 0, res.output
+    (sw / "sweep.parquet").write_bytes(table)
+    return sw
+
+
+TRACEBACK_CASES = {
+    "deeply nested JSON trace, run": (lambda d, t: (_write(d, "deep.jsonl", _DEEP_JSON), ["run", "deep.jsonl", "-o", "o"])[1],
+                                      "deep.jsonl: a JSON value nested too deeply"),
+    "deeply nested JSON trace, ingest": (lambda d, t: (_write(d, "deep.jsonl", _DEEP_JSON),
+                                                       ["ingest", "deep.jsonl", "-o", "o.parquet"])[1],
+                                         "deep.jsonl: a JSON value nested too deeply"),
+    "deeply nested config": (lambda d, t: (_write(d, "c.yaml", _DEEP_YAML), ["run", str(t), "-o", "o", "-c", "c.yaml"])[1],
+                             "c.yaml: invalid YAML: nested too deeply"),
+    "deeply nested --set": (lambda d, t: ["run", str(t), "-o", "o", "--set", "seed=" + "[" * 200_000],
+                            "invalid YAML value (nested too deeply"),
+    "deeply nested timing profile": (lambda d, t: (_write(d, "p.yaml", _DEEP_YAML),
+                                                   ["run", str(t), "-o", "o", "--set", "timing.profile=p.yaml"])[1],
+                                     "p.yaml: invalid YAML: nested too deeply"),
+    "deeply nested hardware profile": (lambda d, t: (_write(d, "gpu.yaml", _DEEP_YAML),
+                                                     ["run", str(t), "-o", "o", "--set", "hardware=gpu.yaml"])[1],
+                                       "gpu.yaml: invalid YAML"),
+    "deeply nested grid file": (lambda d, t: (_write(d, "g.yaml", _DEEP_YAML),
+                                              ["sweep", str(t), "--grid", "scheduler=g.yaml", "-o", "sw"])[1],
+                                "g.yaml: invalid YAML: nested too deeply"),
+    "deeply nested model config.json": (lambda d, t: (_write(d, "m.json", _DEEP_JSON),
+                                                      ["run", str(t), "-o", "o", "--set", "model=m.json"])[1],
+                                        "m.json: invalid JSON: nested too deeply"),
+    "model config.json is a list": (lambda d, t: (_write(d, "m.json", "[1, 2]"),
+                                                  ["run", str(t), "-o", "o", "--set", "model=m.json"])[1],
+                                    "m.json: a model config must be a JSON object"),
+    "model config.json text_config not an object": (
+        lambda d, t: (_write(d, "m.json", '{"text_config": 5}'), ["run", str(t), "-o", "o", "--set", "model=m.json"])[1],
+        "field 'text_config' must be an object"),
+    "model with zero intermediate_size": (lambda d, t: ["run", str(t), "-o", "o", "--set", _model_json(d, intermediate_size=0)],
+                                          "field 'intermediate_size' must be > 0"),
+    "model with zero vocab_size": (lambda d, t: ["run", str(t), "-o", "o", "--set", _model_json(d, vocab_size=0)],
+                                   "field 'vocab_size' must be > 0"),
+    "model with zero max_position_embeddings": (
+        lambda d, t: ["run", str(t), "-o", "o", "--set", _model_json(d, max_position_embeddings=0)],
+        "field 'max_position_embeddings' must be > 0"),
+    "model with zero head_dim": (lambda d, t: ["run", str(t), "-o", "o", "--set", _model_json(d, head_dim=0)],
+                                 "field 'head_dim' must be > 0"),
+    "model with text layers": (lambda d, t: ["run", str(t), "-o", "o", "--set", _model_json(d, num_hidden_layers="32")],
+                               "field 'num_hidden_layers' must be a non-negative integer"),
+    "model config.json not UTF-8": (lambda d, t: ((d / "m.json").write_bytes(b"{\"a\": \"\xff\"}"),
+                                                  ["run", str(t), "-o", "o", "--set", "model=m.json"])[1],
+                                    "m.json: not UTF-8 text"),
+    "run.json nested too deeply, report": (lambda d, t: (_damaged_run(d, t, _DEEP_JSON), ["report", "out", "-o", "r.md"])[1],
+                                           "out/run.json: cannot read run info: invalid JSON: nested too deeply"),
+    "run.json nested too deeply, sql": (lambda d, t: (_damaged_run(d, t, _DEEP_JSON), ["sql", "out", "SELECT 1"])[1],
+                                        "out/run.json: cannot read run info: invalid JSON: nested too deeply"),
+    "run.json truncated, diff": (lambda d, t: (_damaged_run(d, t, '{"config": {'), ["diff", "out", "out", "-o", "r.md"])[1],
+                                 "out/run.json: cannot read run info: invalid JSON"),
+    "run.json of the wrong shape, report": (lambda d, t: (_damaged_run(d, t, '{"trace": 5}'), ["report", "out", "-o", "r.md"])[1],
+                                            "out/run.json: key 'trace' is an integer, expected an object"),
+    "run.json trace path not text, sql": (lambda d, t: (_damaged_run(d, t, '{"trace": {"path": [1]}}'),
+                                                        ["sql", "out", "SELECT 1"])[1],
+                                          "key 'trace.path' is an array, expected a string"),
+    "run.json not an object, export": (lambda d, t: (_damaged_run(d, t, "[]"),
+                                                     ["export", "out", "-f", "vllm-bench", "-o", "o.parquet"])[1],
+                                       "out/run.json: expected a JSON object"),
+    "sweep.parquet garbage, report": (lambda d, t: (_sweep_dir(d, t, b"PAR1 not really"), ["report", "sw", "-o", "r.md"])[1],
+                                      "sw/sweep.parquet: damaged Parquet file"),
+    "sweep.parquet garbage, sql": (lambda d, t: (_sweep_dir(d, t, b"garbage"), ["sql", "sw", "SELECT * FROM sweep"])[1],
+                                   "sw/sweep.parquet: damaged Parquet file"),
+    "sweep.parquet another table, sql": (lambda d, t: (_sweep_dir(d, t, t.read_bytes()), ["sql", "sw", "SELECT 1"])[1],
+                                         "sw/sweep.parquet: not a sweep table"),
+    "sweep.json nested too deeply": (lambda d, t: (_sweep_dir(d, t, b""), (d / "sw" / "sweep.json").write_text(_DEEP_JSON),
+                                                   ["sql", "sw", "SELECT 1"])[2],
+                                     "sw/sweep.json: cannot read the sweep definition: invalid JSON"),
+    "synth, infinite CV": (lambda d, t: ["synth", "-o", "o.parquet", "--arrival", "gamma", "--cv", "inf"],
+                           "--cv inf: Input should be a finite number"),
+    "synth, NaN rate": (lambda d, t: ["synth", "-o", "o.parquet", "--rate", "nan"], "--rate nan: Input should be a finite"),
+    "synth, infinite think time": (lambda d, t: ["synth", "-o", "o.parquet", "--think-s", "inf"], "--think-s inf"),
+}
+
+
+@pytest.mark.parametrize("name", list(TRACEBACK_CASES))
+def test_no_input_ends_in_a_traceback(name, trace, tmp_path, monkeypatch):
+    """Nesting beyond the parsers' recursion, a file of the wrong JSON shape or with zero dimensions,
+    a damaged output read back: one line naming the file (and the key), exit 2, nothing written."""
+    make, message = TRACEBACK_CASES[name]
+    monkeypatch.chdir(tmp_path)
+    res = invoke(*make(tmp_path, trace))
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    assert message in lines[0], lines[0]
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.parquet").exists()
+    assert not (tmp_path / "r.md").exists() and not (tmp_path / "r_files").exists()
