@@ -18,6 +18,7 @@ from replay.reports.fmt import DASH, md_table, num
 from replay.reports.plotting import COLORS, SIZE, plt, save_figure
 from replay.reports.report_files import charts_dir_for
 from replay.reports.sqlfiles import sql
+from replay.reports.sweep_pd import DECODE_KEY, PREFILL_KEY, pd_grid, pd_grid_lines, pd_heatmap_chart
 from replay.reports.sweep_views import Sweep, open_sweep
 
 TABLE_ROWS = 40          # ranked rows shown in the markdown (all are in sweep.parquet)
@@ -143,13 +144,18 @@ def render(sweep: Sweep, rows: list[dict[str, Any]], best, plan_rows, charts: di
            *(["- Set by the grid to one value: " + ", ".join(f"`{a}={rows[0][a]}`" for a in fixed)]
              if fixed and rows else []),
            f"- SLO: {info.get('slo') or 'none'}",
-           f"- {len(rows)} configs, {len(failed)} failed; GPUs = replicas x tensor_parallel_size", ""]
+           f"- {len(rows)} configs, {len(failed)} failed; GPUs = replicas x tensor_parallel_size "
+           "(a disaggregated fleet: summed over both pools)", ""]
     header = [*(a for a in axes), *(label for _, label, _ in _SHOWN)]
     table = [[*(str(r[a]) for a in axes), *(_cell(r[k], u) for k, _, u in _SHOWN)]
              for r in rows if r["error"] is None][:TABLE_ROWS]
     out += [f"## Configs ranked by {rank}", "", md_table(header, table, "r" * len(header)), ""]
     if len(rows) - len(failed) > TABLE_ROWS:
         out += [f"{len(rows) - len(failed) - TABLE_ROWS} more in `sweep.parquet`.", ""]
+    grid = pd_grid(rows, axes, "goodput_per_gpu" if rank == "goodput per GPU" else "output_throughput_per_gpu")
+    if grid is not None:
+        others_vary = any(a not in (PREFILL_KEY, DECODE_KEY) for a in axes)
+        out += pd_grid_lines(grid, "req/s" if rank == "goodput per GPU" else "tok/s", others_vary)
     out += ["## Best config per SLO", ""]
     best_rows = [[label, DASH if r is None else _label(r, axes), DASH if r is None else _cell(r["gpus"], "count"),
                   DASH if r is None else _cell(r["goodput_per_gpu"], "req/s"),
@@ -194,6 +200,9 @@ def write_sweep_report(root: str | Path, markdown: str | Path, *, charts: bool =
             axes = varied_axes(sweep, rows)
             for key in axes:
                 made[_chart_name(key)] = key_chart(tmp / f"{_chart_name(key)}.png", rows, key, axes, rank)
+            grid = pd_grid(rows, axes, rank)
+            if grid is not None:
+                made["pd_heatmap"] = pd_heatmap_chart(tmp / "pd_heatmap.png", grid)
         rel = {k: f"{final_dir.name}/{p.name}" for k, p in made.items()}
         made = {k: final_dir / p.name for k, p in made.items()}
     write_text_atomic(markdown, render(sweep, rows, best, plan_rows, rel))
