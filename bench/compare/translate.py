@@ -180,7 +180,13 @@ def translate(cfg: EngineConfig, traffic: PeerTraffic) -> Translation:
         engine["context_length"] = cfg.max_model_len
 
     fleet = cfg.fleet
-    if fleet is not None:
+    if fleet is not None and fleet.disaggregated:
+        engine["mode"] = "disaggregated"
+        engine["workers"] = {pool: _pool_worker(cfg, pool) for pool in ("prefill", "decode")}
+        engine["kv_transfer"] = _kv_transfer(fleet)
+        notes.append(f"disaggregated: {fleet.prefill.replicas} prefill + {fleet.decode.replicas} decode replicas, "
+                     "round robin in each pool")
+    elif fleet is not None:
         if fleet.router != "round_robin" and fleet.replicas > 1:
             raise _refuse("fleet.router", fleet.router,
                           "AISimulate's parallelism.replicas spreads requests round robin; compare round_robin only")
@@ -235,3 +241,38 @@ def translate(cfg: EngineConfig, traffic: PeerTraffic) -> Translation:
         "engine": engine,
     }
     return Translation(peer=peer, notes=notes)
+
+
+def _pool_worker(cfg: EngineConfig, pool: str) -> dict[str, Any]:
+    """One pool of a disaggregated fleet as an AISimulate worker (its scheduler and KV set
+    explicitly: AISimulate's prefill workers default to one sequence)."""
+    pool_cfg = cfg.pool_config(pool)
+    if pool_cfg.host_offload is not None or pool_cfg.speculative is not None:
+        raise _refuse(f"fleet.{pool}", "host_offload/speculative", "the disaggregated comparison covers plain pools")
+    kv = pool_cfg.kv_cache
+    worker: dict[str, Any] = {
+        "parallelism": {"tensor": pool_cfg.tensor_parallel_size, "replicas": getattr(cfg.fleet, pool).replicas},
+        "scheduler": {"max_batched_tokens": pool_cfg.scheduler.max_num_batched_tokens,
+                      "max_sequences": pool_cfg.scheduler.max_num_seqs},
+        "kv_cache": {"block_size": kv.block_size, "prefix_caching": kv.enable_prefix_caching,
+                     "capacity": {"type": "fixed", "blocks": _capacity_blocks(pool_cfg)}},
+    }
+    if kv.kv_bytes_per_token is not None:
+        worker["kv_cache"]["bytes_per_token"] = kv.kv_bytes_per_token
+    return worker
+
+
+def _kv_transfer(fleet: Any) -> dict[str, Any]:
+    for key in ("router", "prefill_router"):
+        if getattr(fleet, key) != "round_robin":
+            raise _refuse(f"fleet.{key}", getattr(fleet, key), "compare round_robin pools only")
+    if fleet.local_prefill_max_tokens is not None or fleet.prefill_queue_max is not None:
+        raise _refuse("fleet.local_prefill_max_tokens", fleet.local_prefill_max_tokens,
+                      "AISimulate disaggregates every request")
+    kt = fleet.kv_transfer
+    if kt.latency_ms:
+        raise _refuse("fleet.kv_transfer.latency_ms", kt.latency_ms, "AISimulate's kv_transfer has no latency")
+    if kt.bandwidth_gb_per_s == float("inf"):
+        raise _refuse("fleet.kv_transfer.bandwidth_gb_per_s", "inf", "give a finite bandwidth")
+    return {"bandwidth_gb_per_second": kt.bandwidth_gb_per_s, "bytes_per_token": kt.bytes_per_token,
+            "timing_mode": kt.timing_mode}
