@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,27 +150,33 @@ def replay_cluster_remote(table: pa.Table, hash_block_size: int | None, config: 
 def replay_clusters(trace: TraceArrays, table: pa.Table, hash_block_size: int | None, config: EngineConfig,
                     setup: EngineSetup, plans: list[ClusterPlan], workdir: Path, *, ray_address: str | None,
                     check_invariants: bool = False) -> list[ClusterResult]:
-    """Every cluster into ``workdir/cluster-<c>``: one after another here, or as Ray tasks."""
+    """Every cluster into ``workdir/cluster-<c>``: one after another here, or on Ray, where this
+    process replays the first cluster itself while Ray tasks replay the others (it would otherwise
+    sit idle waiting, and one worker fewer starts)."""
     dirs = [workdir / f"cluster-{cp.cluster}" for cp in plans]
-    if ray_address is None:
-        out = []
-        for cp, d in zip(plans, dirs):
-            d.mkdir()
-            out.append(replay_cluster(trace, config, setup, cp, d, check_invariants=check_invariants))
-        return out
-    results = _run_on_ray(ray_address, table, hash_block_size, config, setup, plans)
-    for result, d in zip(results, dirs):
+    for d in dirs:
         d.mkdir()
+    if ray_address is None:
+        return [replay_cluster(trace, config, setup, cp, d, check_invariants=check_invariants)
+                for cp, d in zip(plans, dirs)]
+
+    def first() -> ClusterResult:
+        return replay_cluster(trace, config, setup, plans[0], dirs[0], check_invariants=check_invariants)
+
+    local, remote = _run_on_ray(ray_address, table, hash_block_size, config, setup, plans[1:], first)
+    for result, d in zip(remote, dirs[1:]):
         for name, data in result.files.items():
             (d / name).write_bytes(data)
         result.files = {}
-    return results
+    return [local, *remote]
 
 
 def _run_on_ray(address: str, table: pa.Table, hash_block_size: int | None, config: EngineConfig,
-                setup: EngineSetup, plans: list[ClusterPlan]) -> list[ClusterResult]:
-    """One Ray task per cluster, the trace put once in the object store; results in cluster order.
-    ``auto`` starts a local Ray instance (or reuses this process's); any other address joins it."""
+                setup: EngineSetup, plans: list[ClusterPlan],
+                meanwhile: Callable[[], ClusterResult]) -> tuple[ClusterResult, list[ClusterResult]]:
+    """One Ray task per cluster of ``plans``, the trace put once in the object store, while this
+    process runs ``meanwhile``; (its result, the tasks' results in cluster order). ``auto`` starts a
+    local Ray instance (or reuses this process's); any other address joins it."""
     try:
         import ray
     except ImportError:
@@ -190,8 +197,9 @@ def _run_on_ray(address: str, table: pa.Table, hash_block_size: int | None, conf
         except Exception:  # noqa: BLE001 - a timer that cannot be pickled: each worker resolves its own
             setup_ref = None
         refs = [task.remote(table_ref, hash_block_size, config, setup_ref, cp) for cp in plans]
+        local = meanwhile()
         try:
-            return ray.get(refs)
+            return local, ray.get(refs)
         except ray.exceptions.RayError as exc:
             raise ReplayError(f"a cluster's replay failed on Ray: {exc}") from None
     finally:
