@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from replay.engine.config import LoadConfig
+from replay.engine.load_window import parse_window
 from replay.engine.trace_input import TraceArrays
 
 
@@ -47,7 +48,11 @@ def plan_arrivals(trace: TraceArrays, load: LoadConfig, seed: int, selected: np.
     # Trace timestamps. A row whose session has an earlier selected row and which carries delay_ms
     # is closed-loop: ready at the previous turn's completion + delay (both scaled by speedup).
     speedup = float(load.speedup)
-    arrival = trace.arrival_ms[selected].astype(np.float64) / speedup
+    start = parse_window(load.window).start_ms if load.window is not None else 0.0
+    arrival = trace.arrival_ms[selected].astype(np.float64)
+    if start:  # a window's replay starts at the window's start
+        arrival = arrival - start
+    arrival = arrival / speedup
     delay = trace.delay_ms[selected]
     dependents: dict[int, list[tuple[int, float]]] = {}
     is_open = np.ones(n, dtype=bool)
@@ -69,7 +74,8 @@ def plan_arrivals(trace: TraceArrays, load: LoadConfig, seed: int, selected: np.
     open_idx = selected[is_open]
     open_times = arrival[is_open]
     sort = np.argsort(open_times, kind="stable")
-    rule = (f"trace timestamps / speedup {speedup:g}; {num_closed} later session turns with delay_ms are "
+    shifted = f"(minus the window start, {load.window}) " if start else ""
+    rule = (f"trace timestamps {shifted}/ speedup {speedup:g}; {num_closed} later session turns with delay_ms are "
             "closed-loop (ready at the previous turn's finish + delay_ms / speedup); rows without delay_ms "
             "keep their timestamps (open loop)")
     return ArrivalPlan(open_order=open_idx[sort], open_times=open_times[sort], dependents=dependents,

@@ -18,9 +18,11 @@ from replay.base.errors import ConfigError, ReplayError
 from replay.base.files import require_regular_file
 from replay.base.structured import load_yaml
 from replay.engine.hardware import get_hardware
+from replay.engine.load_window import parse_window
 from replay.engine.models import ModelSpec, get_model
 from replay.engine.pd_config import KVTransferConfig, PoolConfig
 from replay.engine.router_options import OPTIONS_BY_ROUTER
+from replay.engine.scaling_config import AdmissionConfig, AutoscaleConfig, check_initial_replicas
 
 # Bytes per element of each weight and KV dtype.
 DTYPE_BYTES = {"bf16": 2, "fp8": 1}
@@ -62,9 +64,12 @@ class LoadConfig(StrictModel):
     concurrency: int | None = Field(None, gt=0)  # concurrency: requests in flight at once
     rate: float | None = Field(None, gt=0.0)  # poisson: requests per second
     max_requests: int | None = Field(None, gt=0)  # replay only the first N requests of the trace
+    window: str | None = None  # "09:00-12:00": replay one slice of the trace (engine/load_window.py)
 
     @model_validator(mode="after")
     def _mode_fields(self) -> LoadConfig:
+        if self.window is not None:
+            parse_window(self.window)
         if self.mode == "concurrency" and self.concurrency is None:
             raise ValueError("load.mode=concurrency needs load.concurrency")
         if self.mode == "poisson" and self.rate is None:
@@ -135,6 +140,10 @@ class FleetConfig(StrictModel):
     prefill_router_options: dict[str, Any] = Field(default_factory=dict)
     local_prefill_max_tokens: int | None = Field(None, ge=0)  # prefill on the decode replica up to this
     prefill_queue_max: int | None = Field(None, ge=0)  # ... or when more requests wait for prefill
+    # A fleet over a day (engine/scaling_config.py, docs/autoscale.md): absent, the fleet is fixed.
+    autoscale: AutoscaleConfig | None = None
+    admission: AdmissionConfig | None = None
+    gpu_cost_per_hour: float | None = Field(None, ge=0.0)  # per GPU (a replica has tensor_parallel_size)
     # K clusters of replicas / K replicas each, every cluster behind its own `router`; a global
     # balancer picks the cluster (docs/fleet.md, "Clusters").
     clusters: int = Field(1, gt=0, le=4096)
@@ -145,6 +154,9 @@ class FleetConfig(StrictModel):
         if self.replicas % self.clusters:
             raise ValueError(f"fleet.replicas ({self.replicas}) must be a multiple of fleet.clusters "
                              f"({self.clusters}): every cluster has replicas / clusters replicas")
+        if self.clusters > 1 and (self.autoscale is not None or self.admission is not None):
+            raise ValueError("fleet.autoscale and fleet.admission apply to a fleet of one cluster (per cluster "
+                             "is not modeled yet)")
         if self.clusters > 1 and self.mode == "disaggregated":
             raise ValueError("fleet.clusters > 1 is not supported with fleet.mode disaggregated (yet): "
                              "replay each disaggregated cluster as its own fleet")
@@ -152,6 +164,7 @@ class FleetConfig(StrictModel):
 
     @model_validator(mode="after")
     def _router_options(self) -> FleetConfig:
+        check_initial_replicas(self.replicas, "replicas" in self.model_fields_set, self.autoscale)
         _check_router_options("router_options", self.router, self.router_options)
         _check_router_options("prefill_router_options", self.prefill_router, self.prefill_router_options)
         return self
@@ -160,6 +173,9 @@ class FleetConfig(StrictModel):
     def _pools(self) -> FleetConfig:
         pd_keys = ("prefill", "decode", "kv_transfer", "prefill_router", "prefill_router_options",
                    "local_prefill_max_tokens", "prefill_queue_max")
+        if self.mode == "disaggregated" and (self.autoscale is not None or self.admission is not None):
+            raise ValueError("fleet.autoscale and fleet.admission apply to an aggregated fleet (per pool in a "
+                             "disaggregated fleet is not modeled yet)")
         if self.mode == "aggregated":  # (a dumped config carries the defaults: only other values count)
             given = [k for k in pd_keys if getattr(self, k) != FleetConfig.model_fields[k].get_default(
                 call_default_factory=True)]

@@ -16,6 +16,11 @@ fleet gives each one a horizon it must not pass:
   instant another replica could finish a request, plus the smallest turn delay: a turn released
   then could be routed here.
 So no replica's state is ever ahead of an instant at which it is read or changed.
+
+A fleet that changes over the replay (engine/fleet_scaling.py, engine/admission.py) plugs in through
+two narrow hooks: a controller whose events (autoscaler decisions, replicas joining) ride the
+closed-loop arrival queue under a negative row, and an admission gate asked before routing. Routers
+then see only the live replicas (``live_views``). Without them the loop is the fixed fleet's.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import math
 from bisect import insort
 from collections.abc import Callable
 from itertools import chain
+from typing import Protocol
 
 import numpy as np
 
@@ -43,16 +49,42 @@ ProgressFn = Callable[[float, int], None]
 # engine/pd_fleet.py), then arrivals (not in the heap), then begins.
 _COMPLETE, TRANSFER_PHASE, _BEGIN = 0, 1, 2
 
+CONTROL_EVENT = -1  # the row of a controller event in the closed-loop arrival queue
+
+
+class FleetControl(Protocol):
+    """An autoscaling controller (engine/fleet_scaling.py): told of arrivals and finishes, acting
+    at the instants it asks for with ``FleetLoop.wake_control_at``."""
+
+    def start(self, loop: FleetLoop) -> None: ...
+
+    def act(self, now: float, loop: FleetLoop) -> None: ...
+
+    def arrived(self, idx: int) -> None: ...
+
+    def request_finished(self, core: EngineCore, end_ms: float) -> None: ...
+
+
+class ArrivalGate(Protocol):
+    """Admission control (engine/admission.py): a reason to refuse a request, or None."""
+
+    def refuse(self, req: Request, live: list[ReplicaView], now_ms: float) -> str | None: ...
+
 
 class FleetLoop:
     def __init__(self, trace: TraceArrays, plan: ArrivalPlan, cores: list[EngineCore], router: Router | None,
                  recorder: Recorder, *, block_size: int, hash_lookahead: int, rejected: dict[int, str],
-                 router_latency_ms: float = 0.0, progress: ProgressFn | None = None) -> None:
+                 router_latency_ms: float = 0.0, progress: ProgressFn | None = None,
+                 control: FleetControl | None = None, admission: ArrivalGate | None = None) -> None:
+        self.control = control
+        self.admission = admission
+        self.num_rejected_at_arrival = 0  # refused by admission control
         self.trace = trace
         self.plan = plan
         self.cores = cores
         self.router = router
         self.views = [ReplicaView(core) for core in cores]  # all a router may read of the replicas
+        self.live_views = list(self.views)  # the replicas a router may choose from (by id)
         self.rec = recorder
         self.block_size = block_size
         self.hash_lookahead = hash_lookahead
@@ -94,6 +126,7 @@ class FleetLoop:
         if not plan.concurrency:
             deps = plan.dependents
             quiet = (lambda r: r.idx not in deps) if deps else None
+            self._finish_quiet = quiet
             for core in cores:
                 core.on_finished = self._on_finished
                 core.finish_is_quiet = quiet
@@ -189,9 +222,11 @@ class FleetLoop:
     def _prediction_mode(self) -> str:
         """How far a replica may look ahead for its own next arrival (see the module doc)."""
         router = self.router
+        if self.control is not None:  # replicas come and go: any arrival may go anywhere
+            return "any"
         if len(self.cores) == 1 or router is None:
             return "single"
-        if router.reads_replica_state or self.rejected:  # a rejected row is routed nowhere
+        if router.reads_replica_state or self.rejected or self.admission is not None:  # a rejected row is routed nowhere
             return "any"
         if router.static_targets(np.empty(0, np.int64)) is not None:
             return "static"
@@ -216,13 +251,30 @@ class FleetLoop:
                        int(t.priority[idx]))
 
     def _arrive(self, idx: int, time_ms: float, kind: int) -> None:
+        control = self.control
+        if control is not None:
+            if idx == CONTROL_EVENT:
+                control.act(time_ms, self)
+                return
+            control.arrived(idx)
         reason = self.rejected.get(idx)
         if reason is not None:
             self.rec.request_rejected(idx, time_ms, reason)
             self._request_done(idx, time_ms)
             return
         req = self.make_request(idx, time_ms)
-        rid = 0 if self._predict == "single" else self.router.route(req, self.views, time_ms)
+        if self.admission is not None:
+            refused = self.admission.refuse(req, self.live_views, time_ms)
+            if refused is not None:
+                self.num_rejected_at_arrival += 1
+                self.rec.request_rejected(idx, time_ms, refused)
+                self._request_done(idx, time_ms)
+                return
+        if self._predict == "single":
+            rid = 0
+        else:
+            live = self.live_views
+            rid = live[self.router.route(req, live, time_ms)].replica
         self.rec.replica[idx] = rid
         self.register_parent(req, rid)
         self.deliver(req, self.cores[rid], time_ms + self.latency, kind)
@@ -278,6 +330,35 @@ class FleetLoop:
             for entries in slots:
                 entries[:] = [e for e in entries if e[2] is not r]
         self._request_done(r.idx, end_ms)
+        if self.control is not None:
+            self.control.request_finished(core, end_ms)
+
+    # -- replicas joining and leaving (engine/fleet_scaling.py) -------------------------------------
+    def wake_control_at(self, time_ms: float) -> None:
+        """The controller acts at ``time_ms`` (after step completions, with closed-loop arrivals)."""
+        self._push_dynamic(time_ms, CONTROL_EVENT)
+
+    def install_replica(self, core: EngineCore) -> None:
+        """A new replica joins, live: a new id, or a retired replica's id given to a new engine."""
+        rid = core.replica
+        view = ReplicaView(core)
+        if rid < len(self.cores):
+            core.version = self.cores[rid].version + 1  # the old engine's heap entries stay stale
+            self.cores[rid] = core
+            self.views[rid] = view
+        else:
+            self.cores.append(core)
+            self.views.append(view)
+        if not self.plan.concurrency:
+            core.on_finished = self._on_finished
+            core.finish_is_quiet = self._finish_quiet
+        insort(self.live_views, view, key=lambda v: v.replica)
+        if self.router is not None:
+            self.router.replica_started(rid)
+
+    def remove_live_replica(self, replica: int) -> None:
+        """The replica leaves the router (it drains: what it holds still runs)."""
+        self.live_views = [v for v in self.live_views if v.replica != replica]
 
     # -- what bounds a replica -----------------------------------------------------------------------
     def _next_arrival_ms(self) -> float:
@@ -387,6 +468,8 @@ class FleetLoop:
 
     def run(self) -> None:
         plan = self.plan
+        if self.control is not None:
+            self.control.start(self)
         if plan.concurrency:
             for _ in range(plan.concurrency):
                 self._start_next_concurrent(0.0)

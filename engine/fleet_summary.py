@@ -14,9 +14,23 @@ def fleet_summary(cores: list[EngineCore], recorder: Recorder, selected: np.ndar
     its replicas after the prefill pool's; requests name them within the pool)."""
     replica_of = recorder.replica[selected]
     finished = recorder.status[selected] == 0
-    per_replica = []
+    per_replica: list[dict] = []
+    by_id: dict[int, dict] = {}
     for core in cores:
         s = core.sched
+        earlier = by_id.get(core.replica)
+        if earlier is not None:  # an autoscaled fleet gave this id to a new engine: one row per id
+            earlier["steps"] += core.step_idx
+            earlier["busy_ms"] += core.busy_ms
+            earlier["busy_fraction"] = earlier["busy_ms"] / span_ms if span_ms > 0 else 0.0
+            earlier["prefix_query_tokens"] += s.prefix_query_tokens
+            earlier["prefix_hit_tokens"] += s.prefix_hit_tokens
+            q = earlier["prefix_query_tokens"]
+            earlier["prefix_hit_rate"] = earlier["prefix_hit_tokens"] / q if q else None
+            earlier["cpu_hit_tokens"] += s.cpu_hit_tokens
+            earlier["preemptions"] += s.total_preemptions
+            earlier["gpu_block_evictions"] += core.kv_pool.num_evictions
+            continue
         mine = replica_of == core.replica - replica_offset
         row = {
             "replica": core.replica - replica_offset,
@@ -33,9 +47,10 @@ def fleet_summary(cores: list[EngineCore], recorder: Recorder, selected: np.ndar
             "gpu_block_evictions": core.kv_pool.num_evictions,
         }
         per_replica.append(row)
+        by_id[core.replica] = row
     busy = np.array([r["busy_ms"] for r in per_replica], dtype=np.float64)
     return {
-        "replicas": len(cores),
+        "replicas": len(per_replica),
         "per_replica": per_replica,
         # Load imbalance: max / mean busy time (1.0 = perfectly even).
         "busy_imbalance": float(busy.max() / busy.mean()) if len(busy) and busy.mean() > 0 else None,

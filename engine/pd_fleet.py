@@ -33,6 +33,7 @@ from replay.engine.fleet import FleetLoop, ProgressFn
 from replay.engine.kv_transfer import Transfer, TransferNetwork
 from replay.engine.pd_outputs import PDRequestColumns
 from replay.engine.recorder import Recorder
+from replay.engine.replica_view import ReplicaView
 from replay.engine.request import Request
 from replay.engine.routers.base import Router
 from replay.engine.trace_input import TraceArrays
@@ -53,7 +54,8 @@ class PDFleetLoop(FleetLoop):
                          progress=progress)
         self.prefill_router = prefill_router
         self.prefill_views = self.views[:self.num_prefill]
-        self.decode_views = self.views[self.num_prefill:]
+        # Each pool's router knows its replicas by their number within the pool.
+        self.decode_views = [ReplicaView(c, replica=i) for i, c in enumerate(decode_cores)]
         self.columns = columns
         self.network = network
         self.bytes_per_token = transfer_bytes_per_token

@@ -8,12 +8,15 @@ private slots and offers no attribute or method that returns an engine object, s
 internals can change without touching a router, and a router cannot change a replica's state.
 
 Answers:
+- ``replica``: the replica's id (steady for its lifetime; an autoscaled fleet may give a retired
+  replica's id to a new, cold one, and tells routers so through ``Router.replica_started``).
 - ``num_waiting``: requests routed here and not running yet: the scheduler's waiting queue
   (preempted requests included) plus those still on their way (router latency).
 - ``num_running``: requests in the scheduler's running batch.
 - ``num_free_blocks`` / ``num_usable_blocks``: free and usable GPU KV blocks (vLLM's null block
   excluded); a free block may still hold a cached prefix (vLLM evicts lazily).
 - ``kv_usage()``: 1 - free / usable, vLLM's kv_cache_usage (what its stats publish).
+- ``waiting_prompt_tokens()``: prompt tokens still to prefill of the waiting requests.
 - ``prefix_hit_blocks(runs)``: how many leading blocks of ``runs`` (a request's block keys, as
   ``BlockKeys.key_runs`` gives them) the replica's GPU prefix cache holds now: the blocks a request
   with those keys would find cached if it were scheduled here at once (vLLM additionally recomputes
@@ -38,10 +41,13 @@ if TYPE_CHECKING:
 class ReplicaView:
     """Read-only view of one replica for routers (see the module doc). Built once per fleet."""
 
-    __slots__ = ("_core", "_pool", "_usable")
+    __slots__ = ("_core", "_pool", "_usable", "_id")
 
-    def __init__(self, core: EngineCore) -> None:
+    def __init__(self, core: EngineCore, replica: int | None = None) -> None:
+        """``replica``: the id routers know this replica by, when it is not the engine's fleet
+        number (a disaggregated fleet numbers each pool's replicas from 0 for its own router)."""
         self._core = core
+        self._id = core.replica if replica is None else replica
         self._pool = core.kv_pool
         self._usable = core.kv_pool.num_gpu_blocks - 1  # block 0 is vLLM's null block
 
@@ -50,6 +56,9 @@ class ReplicaView:
     num_waiting = property(attrgetter("_core.num_waiting"), doc=(
         "Requests routed here, not running: waiting queue (preempted included) plus in flight."))
     num_running = property(attrgetter("_core.num_running"), doc="Requests in the running batch.")
+    replica = property(attrgetter("_id"), doc=(
+        "The replica's id: what a router keys its own per-replica state by (an autoscaled fleet hands "
+        "routers only its live replicas, so a position in the list is not an id)."))
 
     @property
     def num_free_blocks(self) -> int:
@@ -64,6 +73,18 @@ class ReplicaView:
     def kv_usage(self) -> float:
         """GPU KV cache usage in [0, 1]: 1 - free / usable (vLLM's kv_cache_usage)."""
         return self._core.kv_usage()
+
+    def waiting_prompt_tokens(self) -> int:
+        """Prompt tokens still to compute of the requests waiting here (queue and on their way):
+        what admission control's predicted wait is made of. Walks the queue: read it per arrival
+        only when a bound needs it."""
+        core = self._core
+        total = 0
+        for r in core.sched.waiting:
+            total += r.num_tokens - r.num_computed_tokens
+        for e in core.inbox:
+            total += e[3].num_tokens - e[3].num_computed_tokens
+        return total
 
     def prefix_hit_blocks(self, runs: list[range]) -> int:
         """Leading blocks of ``runs`` (BlockKeys.key_runs order) held by this replica's GPU prefix

@@ -17,13 +17,17 @@ import pyarrow.parquet as pq
 
 from replay.base.atomic import atomic_dir, write_json_atomic
 from replay.base.errors import ConfigError, TraceError
+from replay.engine.admission import Admission
 from replay.engine.arrivals import ArrivalPlan, plan_arrivals
+from replay.engine.autoscale import Autoscaler, build_policy
 from replay.engine.cluster_merge import merge_outputs
 from replay.engine.cluster_run import MergedRecorder, replay_clusters
 from replay.engine.clusters import assign_clusters, split_plan
 from replay.engine.config import EngineConfig
 from replay.engine.core import EngineCore
 from replay.engine.fleet import FleetLoop, ProgressFn
+from replay.engine.fleet_scaling import FleetScaler
+from replay.engine.load_window import parse_window
 from replay.engine.output_schema import RUN_FILE
 from replay.engine.pd_outputs import PDRequestColumns
 from replay.engine.pd_run import (
@@ -37,8 +41,10 @@ from replay.engine.recorder import Recorder
 from replay.engine.routers import Router, RouterContext, build_router
 from replay.engine.run_info import ReplayFacts, build_run_info, trace_fingerprint
 from replay.engine.run_setup import EngineSetup, resolve_setup
+from replay.engine.scaling_output import cost_summary, scaling_summary, write_scaling
 from replay.engine.scheduler import Scheduler
 from replay.engine.scheduler_factory import build_scheduler
+from replay.engine.slo_capacity import ReplicaCapacity
 from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
 from replay.engine.trace_input import TraceArrays, trace_arrays
 from replay.ingest.schema import TraceMetadata
@@ -132,6 +138,11 @@ def _with_engine_gc(fn: Callable) -> Callable:
     return wrapper
 
 
+def _clock(ms: float) -> str:
+    s = int(ms // 1000)
+    return f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
 @dataclass(frozen=True)
 class ReplayedRequests:
     """Which trace rows a replay takes (the first ``load.max_requests``), and which of them it
@@ -151,7 +162,17 @@ def select_requests(trace: TraceArrays, config: EngineConfig, setup: EngineSetup
     if n == 0:
         raise TraceError("the trace has no rows", path=where)
     limit = config.load.max_requests
-    selected = np.arange(min(n, limit) if limit else n, dtype=np.int64)
+    if config.load.window is not None:  # the rows arriving within the window, then the first N of them
+        window = parse_window(config.load.window)
+        arrival = trace.arrival_ms
+        selected = np.flatnonzero((arrival >= window.start_ms) & (arrival < window.end_ms)).astype(np.int64)
+        if not len(selected):
+            raise TraceError(f"load.window {config.load.window!r} holds no request: the trace's arrivals span "
+                             f"{_clock(float(arrival.min()))} to {_clock(float(arrival.max()))}", path=where)
+        if limit:
+            selected = selected[:limit]
+    else:
+        selected = np.arange(min(n, limit) if limit else n, dtype=np.int64)
     if is_disaggregated(config):
         rejected = {**prefill_pool_rejects(trace, selected, config),
                     **find_unreplayable(trace, selected, config.pool_config("decode"), setup)}
@@ -176,6 +197,7 @@ class FleetParts:
     schedulers: list[Scheduler]
     plan: ArrivalPlan
     router: Router | None  # None for a single replica
+    sampler: AcceptanceSampler | None = None  # MTP draws, shared by every replica (new ones too)
 
 
 def build_fleet_parts(trace: TraceArrays, config: EngineConfig, setup: EngineSetup,
@@ -185,16 +207,59 @@ def build_fleet_parts(trace: TraceArrays, config: EngineConfig, setup: EngineSet
     if config.speculative is not None:
         sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
     fleet = config.fleet
-    num_replicas = fleet.replicas if fleet is not None else 1
+    num_replicas = initial_replicas(config)
     schedulers = [build_scheduler(config, setup.num_gpu_blocks, setup.max_model_len, sampler=sampler,
                                   kv_bytes_per_token=setup.kv_bytes_per_token) for _ in range(num_replicas)]
     plan = plan_arrivals(trace, config.load, config.seed, selected)
     router = None
-    if fleet is not None and num_replicas > 1:
-        ctx = RouterContext(num_replicas=num_replicas, block_size=config.kv_cache.block_size,
+    autoscale = fleet.autoscale if fleet is not None else None
+    if fleet is not None and (num_replicas > 1 or autoscale is not None):
+        # An autoscaled router keeps state for every id the fleet may use (ReplicaView.replica).
+        ids = autoscale.id_capacity if autoscale is not None else num_replicas
+        ctx = RouterContext(num_replicas=ids, block_size=config.kv_cache.block_size,
                             num_gpu_blocks=setup.num_gpu_blocks, seed=config.seed, trace=trace)
         router = build_router(fleet.router, fleet.router_options, ctx)
-    return FleetParts(schedulers=schedulers, plan=plan, router=router)
+    return FleetParts(schedulers=schedulers, plan=plan, router=router, sampler=sampler)
+
+
+def initial_replicas(config: EngineConfig) -> int:
+    """Replicas at t = 0: ``fleet.replicas``; autoscaled, ``min_replicas`` unless replicas was given."""
+    fleet = config.fleet
+    if fleet is None:
+        return 1
+    if fleet.autoscale is not None and "replicas" not in fleet.model_fields_set:
+        return fleet.autoscale.min_replicas
+    return fleet.replicas
+
+
+def build_scaling(config: EngineConfig, setup: EngineSetup, trace: TraceArrays, parts: FleetParts,
+                  requests: ReplayedRequests, recorder: Recorder, cores: list[EngineCore], *,
+                  fast_forward: bool, check_invariants: bool) -> tuple[FleetScaler | None, Admission | None]:
+    """The autoscaling controller and the admission gate a config asks for (None: a fixed fleet)."""
+    fleet = config.fleet
+    if fleet is None:
+        return None, None
+    budget = config.scheduler.max_num_batched_tokens
+    admission = Admission(fleet.admission, setup.timer, budget) if fleet.admission is not None else None
+    cfg = fleet.autoscale
+    if cfg is None:
+        return None, admission
+    capacity = None
+    if cfg.policy == "slo":
+        capacity = ReplicaCapacity(setup.timer, max_num_batched_tokens=budget,
+                                   max_num_seqs=config.scheduler.max_num_seqs,
+                                   kv_tokens=(setup.num_gpu_blocks - 1) * config.kv_cache.block_size,
+                                   ttft_ms=cfg.ttft_ms, tpot_ms=cfg.tpot_ms)
+
+    def new_core(replica: int) -> EngineCore:
+        sched = build_scheduler(config, setup.num_gpu_blocks, setup.max_model_len, sampler=parts.sampler,
+                                kv_bytes_per_token=setup.kv_bytes_per_token)
+        return EngineCore(replica, sched, setup.timer, recorder, fast_forward=fast_forward,
+                          check_invariants=check_invariants)
+
+    scaler = FleetScaler(cfg, Autoscaler(cfg, build_policy(cfg, capacity)), new_core, trace,
+                         len(requests.selected), cores)
+    return scaler, admission
 
 
 def run_fleet(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, parts: FleetParts,
@@ -205,9 +270,12 @@ def run_fleet(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, part
     cores = [EngineCore(i, sched, setup.timer, recorder, fast_forward=fast_forward,
                         check_invariants=check_invariants) for i, sched in enumerate(parts.schedulers)]
     fleet = config.fleet
+    scaler, admission = build_scaling(config, setup, trace, parts, requests, recorder, cores,
+                                      fast_forward=fast_forward, check_invariants=check_invariants)
     loop = FleetLoop(trace, parts.plan, cores, parts.router, recorder, block_size=config.kv_cache.block_size,
                      hash_lookahead=parts.schedulers[0].kv.hash_lookahead, rejected=requests.rejected,
-                     router_latency_ms=fleet.router_latency_ms if fleet else 0.0, progress=progress)
+                     router_latency_ms=fleet.router_latency_ms if fleet else 0.0, progress=progress,
+                     control=scaler, admission=admission)
     try:
         loop.run()
     except BaseException:
@@ -215,6 +283,15 @@ def run_fleet(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, part
         raise
     recorder.close()
     return loop
+
+
+def replay_end_ms(recorder: Recorder, selected: np.ndarray) -> float:
+    """When an autoscaled replay's last request finished or was refused (its controller's last
+    decision may come later: the replay's span, and the GPUs' bill, end here)."""
+    ends = recorder.finish[selected]
+    arrivals = recorder.arrival[selected]
+    values = np.concatenate([ends[~np.isnan(ends)], arrivals[~np.isnan(arrivals)]])
+    return float(values.max()) if len(values) else 0.0
 
 
 def store_trace(table: pa.Table, meta: TraceMetadata, trace_path: str | Path | None, outdir: str | Path,
@@ -271,18 +348,34 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
             pools = pools_summary(pd_loop, pd_parts, pd_loop.now)
             loop: FleetLoop = pd_loop
         else:
-            recorder = Recorder(trace, tmp, replica_column=len(parts.schedulers) > 1)
+            scaled = config.fleet is not None and config.fleet.autoscale is not None
+            recorder = Recorder(trace, tmp, replica_column=len(parts.schedulers) > 1 or scaled)
             loop = run_fleet(trace, config, setup, parts, requests, recorder, progress=progress,
                              fast_forward=fast_forward, check_invariants=check_invariants)
+        scaler = loop.control if isinstance(loop.control, FleetScaler) else None
+        span_ms = loop.now if scaler is None else replay_end_ms(recorder, requests.selected)
+        if scaler is not None:
+            write_scaling(scaler.rows, tmp)
         trace_file = store_trace(table, meta, trace_path, outdir, tmp)
         fingerprint = trace_fingerprint(table)
         wall_time_s = round(time.perf_counter() - wall_start, 3)
         facts = ReplayFacts(config=config, config_source=config_source, setup=setup, fingerprint=fingerprint,
                             meta=meta, trace=trace, trace_file=trace_file, selected=requests.selected,
-                            rejected=requests.rejected, cores=loop.cores, recorder=recorder,
-                            simulated_span_ms=loop.now, wall_time_s=wall_time_s,
+                            rejected=requests.rejected, cores=scaler.cores() if scaler else loop.cores,
+                            recorder=recorder, simulated_span_ms=span_ms, wall_time_s=wall_time_s,
                             session_delay_rule=delay_rule, pools=pools)
         info = build_run_info(facts)
+        if disaggregated:  # each pool's replicas hold their own pool's GPUs for the whole replay
+            gpu_ms = sum(len(pool.schedulers) * pool.config.tensor_parallel_size * span_ms
+                         for pool in (pd_parts.prefill, pd_parts.decode))
+            replica_ms = sum(len(pool.schedulers) for pool in (pd_parts.prefill, pd_parts.decode)) * span_ms
+        else:
+            replica_ms = scaler.replica_ms(span_ms) if scaler is not None else len(loop.cores) * span_ms
+            gpu_ms = replica_ms * config.tensor_parallel_size
+        info["cost"] = cost_summary(config, replica_ms, gpu_ms, span_ms)
+        if scaler is not None or loop.admission is not None:
+            info["scaling"] = scaling_summary(scaler, loop.admission if isinstance(loop.admission, Admission)
+                                              else None, span_ms)
         write_json_atomic(tmp / RUN_FILE, info)
     return RunSummary(outdir=Path(outdir), run_info=info)
 
@@ -321,5 +414,8 @@ def _replay_clustered(table: pa.Table, meta: TraceMetadata, config: EngineConfig
         info["fleet"]["clusters"] = fleet.clusters
         info["fleet"]["global_router"] = fleet.global_router
         info["fleet"]["ran_on"] = "ray" if ray_address is not None else "local"
+        span_ms = facts.simulated_span_ms
+        info["cost"] = cost_summary(config, fleet.replicas * span_ms, fleet.replicas * span_ms
+                                    * config.tensor_parallel_size, span_ms)
         write_json_atomic(tmp / RUN_FILE, info)
     return RunSummary(outdir=Path(outdir), run_info=info)

@@ -126,6 +126,7 @@ def build_run_info(facts: ReplayFacts) -> dict:
             "fingerprint": facts.fingerprint,
             "rows": len(facts.trace),
             "replayed_rows": int(len(facts.selected)),
+            **({"first_replayed_row": int(facts.selected[0])} if len(facts.selected) and facts.selected[0] else {}),
             "metadata": facts.meta.model_dump(mode="json"),
         },
         "seed": config.seed,

@@ -16,6 +16,13 @@ H200 serving Llama-3.1-8B, not calibrated to a production trace):
   Later turns carry ``delay_ms`` (exponential think time, mean ``think_s``) and, for open-loop
   replay, a timestamp = previous timestamp + an estimated service time + the delay. The service
   estimate (prefill at 10k tokens/s + 15 ms per output token) is a rough single-H200 8B guess.
+* A day's shape (open loop): with ``peak_to_trough`` > 1, session starts follow a rate that varies
+  as a cosine over 24 hours, highest at ``peak_hour`` and ``peak_to_trough`` times lower twelve
+  hours away, averaging ``rate`` over a day; ``bursts`` adds that many seeded bursts per day, each
+  ``burst_minutes`` long at ``burst_factor`` times the rate of the moment. The trace starts at
+  ``start_hour`` (midnight by default), so its clock reads as the time of day. The starts are the
+  same homogeneous draws mapped through the inverse of the cumulative rate (time rescaling), so a
+  flat day (the default) gives exactly the trace it always gave.
 """
 
 from __future__ import annotations
@@ -68,6 +75,52 @@ class SynthConfig(BaseModel):
     zipf: float = Field(1.1, ge=0)
     turns_mean: float = Field(3.0, ge=1)
     think_s: float = Field(20.0, ge=0)
+    peak_to_trough: float = Field(1.0, ge=1)  # 1: a flat day
+    peak_hour: float = Field(14.0, ge=0, lt=24)
+    start_hour: float = Field(0.0, ge=0, lt=24)
+    bursts: int = Field(0, ge=0)  # per day
+    burst_factor: float = Field(3.0, ge=1)
+    burst_minutes: float = Field(10.0, gt=0)
+
+    @property
+    def has_daily_shape(self) -> bool:
+        return self.peak_to_trough > 1.0 or self.bursts > 0
+
+
+_DAY_S = 86_400.0
+
+
+def daily_rate_shape(cfg: SynthConfig, t_s: np.ndarray) -> np.ndarray:
+    """Relative arrival rate at ``t_s`` seconds from the trace start (mean 1 over a day without
+    bursts): the cosine of the day, times ``burst_factor`` inside the bursts."""
+    r = cfg.peak_to_trough
+    hour = (cfg.start_hour + t_s / 3600.0) % 24.0
+    wave = (1.0 + np.cos(2.0 * np.pi * (hour - cfg.peak_hour) / 24.0)) / 2.0  # 1 at the peak, 0 at the trough
+    shape = (1.0 + (r - 1.0) * wave) * 2.0 / (1.0 + r)  # max/min = r, daily mean 1
+    if cfg.bursts:
+        burst_rng = np.random.default_rng([cfg.seed, 0xB0257])  # its own stream: the rest is unchanged
+        days = int(t_s.max() // _DAY_S) + 1 if len(t_s) else 1
+        starts = np.sort((np.arange(days)[:, None] * _DAY_S
+                          + burst_rng.uniform(0.0, _DAY_S, (days, cfg.bursts))).ravel())
+        k = np.searchsorted(starts, t_s, side="right") - 1
+        inside = (k >= 0) & (t_s < starts[np.maximum(k, 0)] + cfg.burst_minutes * 60.0)
+        shape = np.where(inside, shape * cfg.burst_factor, shape)
+    return shape
+
+
+def rescale_to_daily(cfg: SynthConfig, flat_s: np.ndarray) -> np.ndarray:
+    """Map starts of a homogeneous process (``flat_s``, seconds) to the day's varying rate: the
+    start at flat time s goes to the t where the cumulative relative rate reaches s."""
+    if not len(flat_s):
+        return flat_s
+    step = 1.0  # seconds per grid point of the cumulative rate
+    horizon = max(float(flat_s.max()), 1.0)
+    while True:
+        grid = np.arange(0.0, horizon * 1.5 + _DAY_S, step)
+        cumulative = np.concatenate([[0.0], np.cumsum(daily_rate_shape(cfg, grid[:-1]) * step)])
+        if cumulative[-1] >= flat_s.max():
+            return np.interp(flat_s, cumulative, grid)
+        horizon *= 2.0
 
 
 def _lengths(rng: np.random.Generator, cfg: SynthConfig, mean: float, n: int, cap: int) -> np.ndarray:
@@ -139,6 +192,8 @@ def _generation_batches(cfg: SynthConfig) -> Iterator[pa.Table]:
         mean_gap = n_gen / n_conv / cfg.rate  # seconds between session starts, so requests/s ~= rate
         starts = np.cumsum(_gaps(rng, cfg, mean_gap, n_conv))
         starts -= starts[0]
+        if cfg.has_daily_shape:
+            starts = rescale_to_daily(cfg, starts)
 
     names = ("request_id", "t", "input_tokens", "output_tokens", "hash_ids", "session_id", "parent_id", "turn",
              "delay_ms")
@@ -297,6 +352,8 @@ def write_azure_csv(cfg: SynthConfig, path: str | Path, chunk: int = 1_000_000) 
                 gaps[0] = 0.0
             t = t0 + np.cumsum(gaps)
             t0 = float(t[-1])
+            if cfg.has_daily_shape:  # the map depends on the absolute time only: chunks compose
+                t = rescale_to_daily(cfg, t)
             inp = _lengths(rng, cfg, cfg.system_tokens + cfg.user_tokens, m, cfg.max_input)
             out = _lengths(rng, cfg, cfg.output_tokens, m, cfg.max_output)
             stamps = np.datetime64(AZURE_START, "us") + np.rint(t * 1e6).astype("timedelta64[us]")

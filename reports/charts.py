@@ -13,6 +13,7 @@ from matplotlib.ticker import PercentFormatter
 
 from replay.reports.fleet import fleet_load_chart
 from replay.reports.metrics import TURN_CAP, RunMetrics
+from replay.reports.over_time import over_time_chart
 from replay.reports.plotting import (
     COLORS,
     SIZE,
@@ -142,6 +143,8 @@ def report_charts(outdir: Path, m: RunMetrics, *, with_cpu: bool) -> dict[str, P
         charts["reuse_by_turn"] = reuse_by_turn(outdir / "reuse_by_turn.png", m.reuse_by_turn, with_cpu)
     if m.fleet is not None:
         charts["fleet_load"] = fleet_load_chart(outdir / "fleet_load.png", m.fleet, m.bucket_ms)
+    if m.over_time is not None:
+        charts["fleet_over_time"] = over_time_chart(outdir / "fleet_over_time.png", m.over_time)
     return charts
 
 

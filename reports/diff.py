@@ -25,6 +25,7 @@ from replay.reports.configdiff import differing
 from replay.reports.fleet import fleet_diff_lines
 from replay.reports.fmt import DASH, change, md_table, num
 from replay.reports.metrics import Row, RunMetrics, compute, headline, share_ideal
+from replay.reports.over_time import over_time_diff_lines
 from replay.reports.report_files import charts_dir_for, check_report_outputs, run_files
 from replay.reports.slo import Slo
 from replay.reports.sqlfiles import sql
@@ -190,6 +191,7 @@ def render_diff(d: DiffResult, charts: dict[str, str]) -> str:
              f"`{str(trace.get('fingerprint', '?'))[:16]}...`). Changes are {nb} - {na}; relative changes are "
              f"against {na}.", ""]
     lines += fleet_diff_lines(d.names, d.metrics, d.infos)
+    lines += over_time_diff_lines(d.names, d.metrics[0].over_time, d.metrics[1].over_time, d.infos)
     lines += ["## Verdict", ""]
     lines += verdict_lines(d) + [""]
     lines += ["## Config differences", ""]

@@ -108,7 +108,8 @@ def _shape(info: dict[str, Any], m) -> dict[str, Any]:
     config = info.get("config") or {}
     fleet = config.get("fleet") or {}
     replicas = int(fleet.get("replicas", 1))
-    gpus = replicas * int(config.get("tensor_parallel_size", 1))
+    tp = int(config.get("tensor_parallel_size", 1))
+    gpus = replicas * tp
     pools = info.get("pools")
     shape = "aggregated"
     if pools:  # a disaggregated fleet: its prefill and decode pools (reports/disagg.py)
@@ -121,6 +122,12 @@ def _shape(info: dict[str, Any], m) -> dict[str, Any]:
     router = fleet.get("router", "(single engine)") if fleet else "(single engine)"
     if pools:
         router = f"{fleet.get('prefill_router')} (prefill), {router} (decode)"
+    auto = fleet.get("autoscale")
+    if auto:  # docs/autoscale.md: the bounds, and GPUs on average over the run
+        mean = (info.get("cost") or {}).get("mean_replicas")
+        return {**_shape({**info, "config": {**config, "fleet": {**fleet, "autoscale": None}}}, m),
+                "replicas": f"{auto['min_replicas']}-{auto['max_replicas']} (autoscaled)",
+                "gpus": f"{mean * tp:.2f} on average" if mean is not None else "-"}
     return {
         "shape": shape,
         "replicas": replicas,

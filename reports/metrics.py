@@ -15,6 +15,7 @@ import numpy as np
 
 from replay.reports.disagg import disagg_metrics
 from replay.reports.fleet import fleet_metrics
+from replay.reports.over_time import over_time_metrics
 from replay.reports.quantiles import quantile_cont
 from replay.reports.slo import Slo
 from replay.reports.sqlfiles import sql
@@ -72,6 +73,7 @@ class RunMetrics:
     warnings: list[str] = field(default_factory=list)
     fleet: dict[str, Any] | None = None  # reports/fleet.py; runs with a fleet config only
     disagg: dict[str, Any] | None = None  # reports/disagg.py; disaggregated fleets only
+    over_time: dict[str, Any] | None = None  # reports/over_time.py: cost, refusals, attainment per window
 
     def to_json(self) -> dict[str, Any]:
         return _clean(asdict(self))
@@ -234,6 +236,7 @@ def _compute(run: Run, slo: Slo | None, with_ideal: bool) -> RunMetrics:
     )
     metrics.fleet = fleet_metrics(run, bucket_ms, run.trace_path is not None and run.has_prefix_ids)
     metrics.disagg = disagg_metrics(run)
+    metrics.over_time = over_time_metrics(run, slo)
     metrics.warnings = _warnings(run, metrics)
     return metrics
 

@@ -18,6 +18,7 @@ from replay.reports.disagg import disagg_section
 from replay.reports.fleet import fleet_section
 from replay.reports.fmt import DASH, md_table, num
 from replay.reports.metrics import LATENCIES, SUMMARY_PERCENTILES, TURN_CAP, RunMetrics, falling_behind
+from replay.reports.over_time import over_time_section
 
 PERCENTILE_NOTE = ("Percentiles are `numpy.percentile` with linear interpolation (DuckDB `quantile_cont`). "
                    "Latencies cover finished requests only. TTFT = first token - arrival; queue = first "
@@ -208,6 +209,8 @@ def render_report(m: RunMetrics, info: dict[str, Any], outdir: Path, charts: dic
         lines += fleet_section(m.fleet, m.reuse, m.ideal, charts.get("fleet_load"))
     if m.disagg is not None:
         lines += disagg_section(m.disagg)
+    if m.over_time is not None:
+        lines += over_time_section(m.over_time, charts.get("fleet_over_time"))
     lines += _scheduler_section(m, info) + [""]
     lines += ["## Over time", "", keeping_up_text(m), ""]
     for name, alt in (("latency_over_time", "Latency over time"), ("queue_depth", "Queue depth over time"),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from replay.base.atomic import check_output_dir, check_output_file
 from replay.engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, RUN_FILE, STEPS_FILE
+from replay.engine.scaling_output import SCALING_FILE
 
 
 def charts_dir_for(markdown: Path) -> Path:
@@ -16,7 +17,7 @@ def charts_dir_for(markdown: Path) -> Path:
 
 def run_files(outdir: Path) -> list[Path]:
     """The files of a replay output a report reads: no report output may land on one of them."""
-    return [outdir / f for f in (RUN_FILE, REQUESTS_FILE, CHUNKS_FILE, STEPS_FILE)]
+    return [outdir / f for f in (RUN_FILE, REQUESTS_FILE, CHUNKS_FILE, STEPS_FILE, SCALING_FILE)]
 
 
 def check_report_outputs(markdown: Path, json_path: str | Path | None, charts: bool, inputs: list,

@@ -1,4 +1,8 @@
-"""Service-level objectives for goodput, parsed from ``--slo ttft=500,tpot=50`` (milliseconds)."""
+"""Service-level objectives for goodput, parsed from ``--slo ttft=500,tpot=50`` (milliseconds).
+
+Two optional keys say how attainment over time is judged (reports/over_time.py): ``window`` (seconds,
+default 300: five-minute windows) and ``goal`` (the fraction of a window's requests that must meet
+every SLO for the window to count as met, default 0.95)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,9 @@ from replay.base.errors import ReplayError
 
 # Accepted keys; e2el is the spelling of `vllm bench serve --goodput`.
 _KEYS = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "e2el": "e2e"}
+_WINDOW_KEYS = {"window": "window_s", "goal": "goal"}
+DEFAULT_WINDOW_S = 300.0  # five minutes: the window an SLO dashboard commonly shows
+DEFAULT_GOAL = 0.95
 
 
 @dataclass(frozen=True)
@@ -15,6 +22,8 @@ class Slo:
     ttft: float | None = None
     tpot: float | None = None
     e2e: float | None = None
+    window_s: float = DEFAULT_WINDOW_S  # attainment is judged per window of arrivals
+    goal: float = DEFAULT_GOAL  # a window meets the SLO when this fraction of its requests do
 
     @property
     def empty(self) -> bool:
@@ -40,14 +49,16 @@ def parse_slo(text: str | None) -> Slo | None:
         if not sep:
             key, sep, raw = item.partition(":")  # vllm's ttft:500 form
         key = key.strip().lower()
-        if not sep or key not in _KEYS:
+        if not sep or (key not in _KEYS and key not in _WINDOW_KEYS):
             raise ReplayError(f"--slo {item!r}: expected key=milliseconds with key one of ttft, tpot, e2e "
-                              "(e.g. --slo ttft=500,tpot=50)")
+                              "(e.g. --slo ttft=500,tpot=50), or window=seconds, goal=fraction")
         try:
             value = float(raw)
         except ValueError:
             raise ReplayError(f"--slo {item!r}: {raw.strip()!r} is not a number of milliseconds") from None
-        if not value > 0:
+        if not value > 0 or value != value or value == float("inf"):
             raise ReplayError(f"--slo {item!r}: the SLO must be a positive number of milliseconds")
-        values[_KEYS[key]] = value
+        if key == "goal" and value > 1:
+            raise ReplayError(f"--slo {item!r}: goal is a fraction of requests in (0, 1]")
+        values[_WINDOW_KEYS.get(key) or _KEYS[key]] = value
     return Slo(**values)

@@ -29,6 +29,7 @@ from replay.engine.output_schema import (
     STEPS_FILE,
     STEPS_SCHEMA,
 )
+from replay.engine.scaling_output import SCALING_FILE
 from replay.ingest.schema import TRACE_SCHEMA, TraceMetadata
 from replay.reports.sqlfiles import sql
 
@@ -176,6 +177,9 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
         names = _check_columns(path, schema)
         columns = SINGLE_REPLICA_COLUMN.get(name, "*") if "replica" not in names else "*"
         con.execute(VIEW_SQL.format(name=name, columns=columns, path=sql_literal(path.resolve()), options=""))
+    scaling = outdir / SCALING_FILE  # an autoscaled run's decisions (engine/scaling_output.py)
+    if scaling.is_file():
+        con.execute(VIEW_SQL.format(name="scaling", columns="*", path=sql_literal(scaling.resolve()), options=""))
     notes: list[str] = []
     trace_path = _find_trace(outdir, info, notes)
     meta = None
@@ -189,11 +193,12 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
         _check_columns(trace_path, TRACE_SCHEMA)
         columns = ", ".join(TRACE_SCHEMA.names)
         lit = sql_literal(trace_path.resolve())
-        # A run limited by load.max_requests replayed the trace's first rows only: the trace views
+        # A run limited by load.max_requests (or load.window) replayed some of the trace's rows: the trace views
         # (and so the infinite-cache ideal) cover exactly those.
         t = info.get("trace") or {}
         replayed, rows = t.get("replayed_rows"), t.get("rows")
-        where = (f" WHERE file_row_number < {int(replayed)}"
+        first = int(t.get("first_replayed_row") or 0)  # load.window: a slice from this row (rows are by arrival)
+        where = (f" WHERE file_row_number >= {first} AND file_row_number < {first + int(replayed)}"
                  if replayed is not None and rows is not None and int(replayed) < int(rows) else "")
         con.execute(VIEW_SQL.format(name="trace", columns=columns, path=lit,
                                     options=", file_row_number = true") + where)

@@ -56,11 +56,18 @@ class Router:
 
     def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
         """The replica (index into ``replicas``) that gets ``req``, arriving at ``now_ms``.
-        ``replicas`` is the same list at every call, each view answering for the routing instant."""
+        ``replicas`` are the live replicas, each view answering for the routing instant. In a fixed
+        fleet it is every replica, in id order, at every call; in an autoscaled fleet
+        (engine/fleet_scaling.py) replicas join and leave it, so a router keys the state it keeps
+        per replica by ``view.replica`` (the id, below ``ctx.num_replicas``), not by position."""
         raise NotImplementedError
 
     def request_finished(self, req: Request, replica: int) -> None:
-        """The request left the replica (routers that track their own load forget it)."""
+        """The request left replica ``replica`` (an id; routers that track their own load forget it)."""
+
+    def replica_started(self, replica: int) -> None:
+        """A new replica joined under id ``replica`` (an autoscaled fleet reuses a retired replica's
+        id): an empty engine with a cold cache, so whatever the router remembers of that id is stale."""
 
     # -- prediction (lets decode windows run past arrivals that go elsewhere) ------------------------
     def static_targets(self, rows: np.ndarray) -> np.ndarray | None:

@@ -96,11 +96,12 @@ class KvAwareRouter(Router):
         n_full = req.num_prompt_tokens // self.ctx.block_size
         return req.keys.keys_upto(n_full)[:n_full]
 
-    def _overlap(self, w: int, replicas: list[ReplicaView], keys: list[int], runs: list[range],
+    def _overlap(self, pos: int, replicas: list[ReplicaView], keys: list[int], runs: list[range],
                  now_ms: float) -> int:
+        """Leading request blocks cached on the replica at position ``pos`` of ``replicas``."""
         if self.kv_events:  # the replica's prefix cache itself, walked a trace block at a time
-            return replicas[w].prefix_hit_blocks(runs)
-        index = self.approx[w]
+            return replicas[pos].prefix_hit_blocks(runs)
+        index = self.approx[replicas[pos].replica]
         index.prune(now_ms)
         return sum(1 for _ in takewhile(index.expiry.__contains__, keys))
 
@@ -123,9 +124,10 @@ class KvAwareRouter(Router):
         isl = req.num_prompt_tokens
         costs: list[float] = []
         new_tokens: list[int] = []
-        for w in range(self.n):
+        for pos, view in enumerate(replicas):
+            w = view.replica
             self._settle_prefills(w)
-            overlap = self._overlap(w, replicas, keys, runs, now_ms)
+            overlap = self._overlap(pos, replicas, keys, runs, now_ms)
             new = isl - overlap * bs
             if new < 0:
                 new = 0
@@ -134,20 +136,21 @@ class KvAwareRouter(Router):
             decode_blocks = len(keys) - shared_active + len(active)
             costs.append(self.weight * (new + self.prefill_tokens[w]) / bs + decode_blocks)
             new_tokens.append(new)
-        w = self._pick_min(costs) if self.temperature <= 0 else self._sample(costs)
+        pos = self._pick_min(costs) if self.temperature <= 0 else self._sample(costs)
+        w = replicas[pos].replica
         active = self.active[w]
         for key in keys:
             active[key] = active.get(key, 0) + 1
-        self.prefill_tokens[w] += new_tokens[w]
-        self.prefilling[w].append((req, new_tokens[w]))
+        self.prefill_tokens[w] += new_tokens[pos]
+        self.prefilling[w].append((req, new_tokens[pos]))
         if self.approx is not None:
             self.approx[w].insert(keys, now_ms)
-        return w
+        return pos
 
     def _sample(self, costs: list[float]) -> int:
         lo, hi = min(costs), max(costs)
         if hi == lo:
-            return self.rng.randrange(self.n)
+            return self.rng.randrange(len(costs))
         logits = [-(c - lo) / (hi - lo) / self.temperature for c in costs]
         top = max(logits)
         weights = [math.exp(x - top) for x in logits]
@@ -157,7 +160,7 @@ class KvAwareRouter(Router):
             acc += wgt
             if u < acc:
                 return i
-        return self.n - 1
+        return len(costs) - 1
 
     def request_finished(self, req: Request, replica: int) -> None:
         active = self.active[replica]
@@ -168,3 +171,11 @@ class KvAwareRouter(Router):
             else:
                 del active[key]
         self._settle_prefills(replica)
+
+    def replica_started(self, replica: int) -> None:
+        self.active[replica] = {}
+        self.prefill_tokens[replica] = 0
+        self.prefilling[replica] = []
+        if self.approx is not None:
+            old = self.approx[replica]
+            self.approx[replica] = ApproxIndex(old.ttl_ms, old.max_blocks)

@@ -39,30 +39,39 @@ class LeastLoadedRouter(Router):
         self.start = 0
 
     def _refresh(self, replicas: list[ReplicaView], now_ms: float) -> None:
-        self.snapshot = [[c.num_waiting, c.num_running, c.kv_usage()] for c in replicas]
+        snapshot = self.snapshot
+        for c in replicas:
+            snapshot[c.replica] = [c.num_waiting, c.num_running, c.kv_usage()]
         if self.interval > 0:
             self.next_refresh = (now_ms // self.interval + 1) * self.interval
 
     def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
         if self.interval <= 0 or now_ms >= self.next_refresh:
             self._refresh(replicas, now_ms)
-        n = self.n
+        n = len(replicas)
         cc = self.client_count
         best = -1
+        best_id = -1
         best_score = float("inf")
         for k in range(n):
-            e = (self.start + k) % n
+            pos = (self.start + k) % n
+            e = replicas[pos].replica
             waiting, running, usage = self.snapshot[e]
             score = max(cc * self.inflight[e], waiting + running)
             if waiting > 0 and usage > 0.5:
                 score += waiting * 6.0 * (usage - 0.5)
             if score < best_score:
                 best_score = score
-                best = e
+                best = pos
+                best_id = e
         self.start = (self.start + 1) % n
-        self.snapshot[best][0] += cc
-        self.inflight[best] += 1
+        self.snapshot[best_id][0] += cc
+        self.inflight[best_id] += 1
         return best
 
     def request_finished(self, req: Request, replica: int) -> None:
         self.inflight[replica] -= 1
+
+    def replica_started(self, replica: int) -> None:
+        self.snapshot[replica] = [0, 0, 0.0]  # an empty engine, until the next snapshot
+        self.inflight[replica] = 0

@@ -57,10 +57,11 @@ class PrefixScoreRouter(Router):
             return n_full, req.keys.prefix_key(isl)  # the partial tail block counts too (llm-d)
         return n_full, None
 
-    def _approx_matches(self, keys: list[int]) -> list[int]:
-        """llm-d's walk over the router's own LRUs: stops at the first block no replica holds."""
-        lrus = self.lru
-        matches = [0] * self.n
+    def _approx_matches(self, keys: list[int], replicas: list[ReplicaView]) -> list[int]:
+        """llm-d's walk over the router's own LRUs of the live replicas: stops at the first block
+        none of them holds. One count per position of ``replicas``."""
+        lrus = [self.lru[v.replica] for v in replicas]
+        matches = [0] * len(lrus)
         for key in keys:
             holders = [w for w, lru in enumerate(lrus) if key in lru]
             if not holders:
@@ -70,7 +71,7 @@ class PrefixScoreRouter(Router):
         return matches
 
     def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
-        n = self.n
+        n = len(replicas)
         n_full, tail = self._request_blocks(req)
         n_keys = n_full + (tail is not None)
         keys: list[int] = []
@@ -83,7 +84,7 @@ class PrefixScoreRouter(Router):
             keys = req.keys.keys_upto(n_full)[:n_full]
             if tail is not None:
                 keys.append(tail)
-            matches = self._approx_matches(keys)
+            matches = self._approx_matches(keys, replicas)
         queues = [c.num_waiting for c in replicas]
         qmin, qmax = min(queues), max(queues)
         totals = []
@@ -94,10 +95,13 @@ class PrefixScoreRouter(Router):
             totals.append(self.w_queue * queue + self.w_kv * min(max(kv, 0.0), 1.0) + self.w_prefix * prefix)
         w = self._pick_min([-t for t in totals])
         if not self.precise:
-            lru = self.lru[w]
+            lru = self.lru[replicas[w].replica]
             for key in keys:
                 lru[key] = None
                 lru.move_to_end(key)
             while len(lru) > self.capacity:
                 lru.popitem(last=False)
         return w
+
+    def replica_started(self, replica: int) -> None:
+        self.lru[replica] = OrderedDict()

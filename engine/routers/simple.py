@@ -28,7 +28,7 @@ class RoundRobinRouter(Router):
         self.counter = 0
 
     def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
-        target = self.counter % self.n
+        target = self.counter % len(replicas)
         self.counter += 1
         return target
 
@@ -43,7 +43,7 @@ class RandomRouter(Router):
     name = "random"
 
     def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
-        return self._target(req.idx)
+        return splitmix64((self.ctx.seed << 32) ^ req.idx) % len(replicas)
 
     def _target(self, row: int) -> int:
         return splitmix64((self.ctx.seed << 32) ^ row) % self.n
@@ -58,7 +58,10 @@ class SessionAffinityRouter(Router):
     A hash ring in the manner of Envoy's ring_hash load balancer: each replica owns
     ceil(ring_size / N) points (hashes of "replica-<i>-<j>"), a session goes to the owner of the
     first point at or after the hash of its id, wrapping around. Growing the fleet from N to N+1
-    moves about 1/(N+1) of the sessions. Requests without a session hash their request id.
+    moves about 1/(N+1) of the sessions. Requests without a session hash their request id. In an
+    autoscaled fleet the ring holds every replica id the fleet may use; a session whose owner is not
+    live goes to the next point owned by a live replica (so a replica leaving moves only its own
+    sessions, and they come back when the id is live again).
     """
 
     name = "session_affinity"
@@ -75,6 +78,11 @@ class SessionAffinityRouter(Router):
         pos = bisect_left(self._ring, _hash64(key))
         return self._owner[pos if pos < len(self._ring) else 0]
 
+    def _key(self, row: int) -> str:
+        trace = self.ctx.trace
+        sid = trace.session_id[row]
+        return "r:" + trace.request_id[row] if sid is None else "s:" + sid
+
     def _target(self, row: int) -> int:
         trace = self.ctx.trace
         sid = trace.session_id[row]
@@ -86,7 +94,16 @@ class SessionAffinityRouter(Router):
         return target
 
     def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
-        return self._target(req.idx)
+        if len(replicas) == self.n:  # every replica live: the position is the id
+            return self._target(req.idx)
+        live = {v.replica: i for i, v in enumerate(replicas)}
+        ring, owner = self._ring, self._owner
+        pos = bisect_left(ring, _hash64(self._key(req.idx)))
+        for k in range(len(ring)):
+            found = live.get(owner[(pos + k) % len(ring)])
+            if found is not None:
+                return found
+        raise RuntimeError("session_affinity: no live replica on the ring")
 
     def static_targets(self, rows: np.ndarray) -> np.ndarray:
         return np.fromiter((self._target(int(r)) for r in rows), dtype=np.int64, count=len(rows))

@@ -46,6 +46,13 @@ def register(app: typer.Typer) -> None:
         max_input: int = typer.Option(32768, "--max-input", help="Cap on prompt length (a session ends there)."),
         turns_mean: float = typer.Option(3.0, "--turns-mean", help="Mean turns per session (1 = single-turn)."),
         think_s: float = typer.Option(20.0, "--think-s", help="Mean think time between turns, seconds."),
+        peak_to_trough: float = typer.Option(1.0, "--peak-to-trough",
+                                             help="A day's shape: peak rate / trough rate (1 = flat)."),
+        peak_hour: float = typer.Option(14.0, "--peak-hour", help="Hour of the day's peak rate (0-24)."),
+        start_hour: float = typer.Option(0.0, "--start-hour", help="Hour of the day the trace starts at."),
+        bursts: int = typer.Option(0, "--bursts", help="Seeded bursts per day."),
+        burst_factor: float = typer.Option(3.0, "--burst-factor", help="Rate multiplier inside a burst."),
+        burst_minutes: float = typer.Option(10.0, "--burst-minutes", help="Length of a burst, minutes."),
     ) -> None:
         """Write a synthetic trace (see ingest/synth.py for the model and its assumptions)."""
         from pydantic import ValidationError  # here, not at the top: `replay --help` needs no pydantic
@@ -61,7 +68,9 @@ def register(app: typer.Typer) -> None:
                     requests=requests, seed=seed, arrival=arrival, rate=rate, cv=cv, concurrency=concurrency,
                     block_size=block_size, length_dist=length_dist, length_sigma=length_sigma,
                     system_prompts=system_prompts, system_tokens=system_tokens, zipf=zipf, user_tokens=user_tokens,
-                    output_tokens=output_tokens, max_input=max_input, turns_mean=turns_mean, think_s=think_s)
+                    output_tokens=output_tokens, max_input=max_input, turns_mean=turns_mean, think_s=think_s,
+                    peak_to_trough=peak_to_trough, peak_hour=peak_hour, start_hour=start_hour, bursts=bursts,
+                    burst_factor=burst_factor, burst_minutes=burst_minutes)
             except ValidationError as exc:  # one line naming each bad option, as the flag is spelled
                 raise ConfigError("; ".join(f"--{'.'.join(str(p) for p in e['loc']).replace('_', '-')} "
                                             f"{e.get('input')!r}: {e['msg']}" for e in exc.errors())) from None

@@ -66,6 +66,13 @@ def test_queue_lengths_and_kv_usage(fleet):
     assert v1.kv_usage() == pytest.approx(2 / 40)
 
 
+def test_ids_and_waiting_prompt_tokens(fleet):
+    v0, v1 = fleet
+    assert (v0.replica, v1.replica) == (0, 1)
+    # On their way: two prompts of 2 and 1 blocks on replica 0, one of 1 block on replica 1.
+    assert (v0.waiting_prompt_tokens(), v1.waiting_prompt_tokens()) == (3 * BS, BS)
+
+
 def test_prefix_hits(fleet):
     v0, v1 = fleet
     assert [v.prefix_hit_blocks(_runs([1, 2, 3, 9])) for v in fleet] == [3, 2]
@@ -80,7 +87,7 @@ def test_the_view_is_read_only_and_hands_out_no_engine_object(fleet):
     v0 = fleet[0]
     public = sorted(n for n in dir(v0) if not n.startswith("_"))
     assert public == ["kv_usage", "num_free_blocks", "num_running", "num_usable_blocks", "num_waiting",
-                      "prefix_hit_blocks"]
+                      "prefix_hit_blocks", "replica", "waiting_prompt_tokens"]
     for name in public:
         value = getattr(v0, name)
         if callable(value):

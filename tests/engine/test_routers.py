@@ -16,7 +16,8 @@ BS = 16
 class StubView:
     """A replica as routers see it: engine/replica_view.ReplicaView's interface, values set directly."""
 
-    def __init__(self, waiting=0, running=0, usage=0.0, cached=(), usable=100) -> None:
+    def __init__(self, waiting=0, running=0, usage=0.0, cached=(), usable=100, replica=0) -> None:
+        self.replica = replica
         self.num_waiting = waiting
         self.num_running = running
         self._usage = usage
@@ -27,6 +28,9 @@ class StubView:
     def kv_usage(self) -> float:
         return self._usage
 
+    def waiting_prompt_tokens(self) -> int:
+        return 0
+
     def prefix_hit_blocks(self, runs: list[range]) -> int:
         n = 0
         for key in (k for r in runs for k in r):
@@ -34,6 +38,13 @@ class StubView:
                 break
             n += 1
         return n
+
+
+def _numbered(views: list[StubView]) -> list[StubView]:
+    """Every replica of a fixed fleet, live: ids are the positions."""
+    for i, v in enumerate(views):
+        v.replica = i
+    return views
 
 
 def test_the_stub_offers_exactly_the_view():
@@ -67,7 +78,7 @@ def _keys(ids: list[int]) -> list[int]:
 
 def test_round_robin_cycles_and_predicts_its_next_arrival():
     r = build_router("round_robin", {}, _ctx(3))
-    reps = [StubView() for _ in range(3)]
+    reps = _numbered([StubView() for _ in range(3)])
     assert [r.route(_req(i, [i + 1]), reps, 0.0) for i in range(5)] == [0, 1, 2, 0, 1]
     assert [r.next_open_offset(k) for k in range(3)] == [1, 2, 0]
 
@@ -75,13 +86,13 @@ def test_round_robin_cycles_and_predicts_its_next_arrival():
 def test_least_loaded_follows_vllm_033_score_and_rotates_ties():
     r = build_router("least_loaded", {"stats_update_ms": 0}, _ctx(3))
     # score = max(inflight, waiting + running) + waiting * 6 * max(0, usage - 0.5)
-    reps = [StubView(waiting=1, running=2, usage=0.9),   # 3 + 1 * 6 * 0.4 = 5.4
+    reps = _numbered([StubView(waiting=1, running=2, usage=0.9),   # 3 + 1 * 6 * 0.4 = 5.4
             StubView(waiting=0, running=5, usage=0.99),  # 5 (no penalty without waiting)
-            StubView(waiting=2, running=2, usage=0.5)]   # 4 (penalty 0 at 50% usage)
+            StubView(waiting=2, running=2, usage=0.5)])   # 4 (penalty 0 at 50% usage)
     assert r.route(_req(0, [1]), reps, 0.0) == 2
     # Equal scores: the scan starts one engine later after every pick, first strict minimum wins.
     r = build_router("least_loaded", {"stats_update_ms": 0}, _ctx(3))
-    idle = [StubView() for _ in range(3)]
+    idle = _numbered([StubView() for _ in range(3)])
     picks = [r.route(_req(i, [i + 1]), idle, 0.0) for i in range(3)]
     # Snapshot refreshed at every arrival (0 ms); the client's in-flight count then decides.
     assert picks == [0, 1, 2]
@@ -89,7 +100,7 @@ def test_least_loaded_follows_vllm_033_score_and_rotates_ties():
 
 def test_least_loaded_counts_its_own_routing_between_snapshots():
     r = build_router("least_loaded", {"stats_update_ms": 100}, _ctx(2))
-    reps = [StubView(), StubView()]
+    reps = _numbered([StubView(), StubView()])
     # One snapshot at t=0 (all idle); routing adds to the local waiting copy, so picks alternate.
     assert [r.route(_req(i, [i + 1]), reps, float(i)) for i in range(4)] == [0, 1, 0, 1]
     r.request_finished(_req(0, [1]), 0)
@@ -102,7 +113,7 @@ def test_kv_aware_cost_is_dynamos():
     req = _req(0, ids)
     keys = _keys(ids)
     # Replica 0 has the first 6 blocks cached; replica 1 has nothing.
-    reps = [StubView(cached=keys[:6]), StubView()]
+    reps = _numbered([StubView(cached=keys[:6]), StubView()])
     r = build_router("kv_aware", {}, _ctx(2))
     # cost_0 = 1.0 * (128 - 6 * 16) / 16 + 8 new blocks = 2 + 8 = 10; cost_1 = 8 + 8 = 16
     assert r.route(req, reps, 0.0) == 0
@@ -135,7 +146,7 @@ def _costs(router, req, reps) -> list[float]:
 
 def test_kv_aware_forgets_finished_requests_and_settles_prefills():
     r = build_router("kv_aware", {}, _ctx(2))
-    reps = [StubView(), StubView()]
+    reps = _numbered([StubView(), StubView()])
     a = _req(0, [1, 2, 3])
     w = r.route(a, reps, 0.0)
     assert r.prefill_tokens[w] == 48
@@ -148,7 +159,7 @@ def test_kv_aware_forgets_finished_requests_and_settles_prefills():
 
 def test_kv_aware_approximate_mode_remembers_routed_blocks_for_the_ttl():
     r = build_router("kv_aware", {"kv_events": False, "ttl_s": 1.0}, _ctx(2))
-    reps = [StubView(), StubView()]
+    reps = _numbered([StubView(), StubView()])
     done = _req(0, [1, 2, 3, 4])
     first = r.route(done, reps, 0.0)
     done.first_token_ms = done.finish_ms = 10.0
@@ -162,7 +173,7 @@ def test_kv_aware_approximate_mode_remembers_routed_blocks_for_the_ttl():
 
 def test_kv_aware_temperature_samples_but_prefers_cheap_replicas():
     ids = list(range(1, 33))
-    reps = [StubView(cached=_keys(ids)), StubView(), StubView()]
+    reps = _numbered([StubView(cached=_keys(ids)), StubView(), StubView()])
     r = build_router("kv_aware", {"router_temperature": 0.2}, _ctx(3, seed=1))
     picks = []
     for i in range(200):
@@ -194,16 +205,16 @@ def test_random_router_is_seeded_and_order_free():
 def test_prefix_score_weights_queue_kv_and_prefix():
     r = build_router("prefix_score", {}, _ctx(3))
     ids = [1, 2, 3, 4]
-    reps = [StubView(waiting=4, usage=0.2), StubView(waiting=0, usage=0.8), StubView(waiting=2, usage=0.5)]
+    reps = _numbered([StubView(waiting=4, usage=0.2), StubView(waiting=0, usage=0.8), StubView(waiting=2, usage=0.5)])
     # queue: (4-q)/4 -> 0, 1, 0.5; kv: 0.8, 0.2, 0.5; prefix: nothing routed yet -> 0
     # totals: 2*0 + 2*0.8 = 1.6; 2*1 + 2*0.2 = 2.4; 2*0.5 + 2*0.5 = 2.0 -> replica 1
     assert r.route(_req(0, ids), reps, 0.0) == 1
     # The router now remembers replica 1 holds those 4 blocks: +3 * 4/4 for a request sharing them.
-    same = [StubView(waiting=0, usage=0.2), StubView(waiting=0, usage=0.2), StubView(waiting=0, usage=0.2)]
+    same = _numbered([StubView(waiting=0, usage=0.2), StubView(waiting=0, usage=0.2), StubView(waiting=0, usage=0.2)])
     assert r.route(_req(1, ids), same, 0.0) == 1
     # With one request queued there, replica 1 loses the queue score (2 * 1): all 4 blocks shared
     # (3 * 4/4 = 3) still win, half of them (3 * 2/4 = 1.5) do not.
-    busy = [StubView(waiting=0, usage=0.2), StubView(waiting=1, usage=0.2), StubView(waiting=0, usage=0.2)]
+    busy = _numbered([StubView(waiting=0, usage=0.2), StubView(waiting=1, usage=0.2), StubView(waiting=0, usage=0.2)])
     assert r.route(_req(2, ids), busy, 0.0) == 1
     assert r.route(_req(3, ids[:2] + [70, 71]), busy, 0.0) in (0, 2)
 
@@ -224,6 +235,6 @@ def test_prefix_score_precise_counts_each_replicas_leading_cached_blocks():
     # Leading cached blocks: 1, 3 and 0 of 4 (replica 2 lacks the first block: its others are no
     # prefix hit, and an engine's cache never holds them so). Equal queues and usage: the prefix
     # score decides, 3 * 3/4 on replica 1.
-    reps = [StubView(cached=keys[:1]), StubView(cached=keys[:3]), StubView(cached=keys[1:])]
+    reps = _numbered([StubView(cached=keys[:1]), StubView(cached=keys[:3]), StubView(cached=keys[1:])])
     assert r.route(_req(0, ids), reps, 0.0) == 1
     assert all(not lru for lru in r.lru)  # precise mode keeps no index of its own

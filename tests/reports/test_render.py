@@ -40,7 +40,8 @@ def test_report_renders_with_all_sections_and_valid_charts(run_dir, tmp_path):
     assert "numpy.percentile" in text
     assert "MTP acceptance rate" in text and "CPU (G2) hits" in text
     assert "uncalibrated timing constants" in text
-    assert set(res.charts) == {"ttft_cdf", "itl_cdf", "latency_over_time", "queue_depth", "kv_usage", "reuse_by_turn"}
+    assert set(res.charts) == {"ttft_cdf", "itl_cdf", "latency_over_time", "queue_depth", "kv_usage", "reuse_by_turn",
+                               "fleet_over_time"}  # an SLO given: attainment per window
     for name, path in res.charts.items():
         assert f"](report_files/{path.name})" in text, name
         data = path.read_bytes()
