@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from replay.base.errors import ConfigError
 from replay.engine.config import LoadConfig
 from replay.engine.load_window import parse_window
 from replay.engine.trace_input import TraceArrays
+from replay.ingest.trace_checks import MAX_TIME_MS
 
 
 @dataclass
@@ -25,13 +27,24 @@ class ArrivalPlan:
     delay_rule: str = ""
 
 
+def check_clock(horizon_ms: float, key: str, fix: str) -> None:
+    """Refuse a load whose arrivals lie beyond 2^42 ms: past it the engine's float64 millisecond clock no
+    longer resolves a microsecond, so step times vanish against it (a TTFT of 0.0), and past 1e308 it
+    is infinite. A trace's own timestamps are bounded the same way (ingest/trace_checks.py)."""
+    if not np.isfinite(horizon_ms) or horizon_ms > MAX_TIME_MS:
+        raise ConfigError(f"{key}: arrivals would reach {horizon_ms:.3g} ms, beyond 2^42 ms (139 years), where the "
+                          f"engine's float64 clock cannot resolve a step's time; {fix}")
+
+
 def plan_arrivals(trace: TraceArrays, load: LoadConfig, seed: int, selected: np.ndarray) -> ArrivalPlan:
     """``selected``: indices (in trace order) of the requests to replay."""
     n = len(selected)
     if load.mode == "concurrency":
+        # Slots beyond the number of requests never fill: at most one per request is opened (a
+        # concurrency of 2^63 would otherwise open slots for ever).
         return ArrivalPlan(
             open_order=np.empty(0, np.int64), open_times=np.empty(0, np.float64),
-            concurrency=int(load.concurrency), concurrency_order=selected,
+            concurrency=int(min(load.concurrency, max(n, 1))), concurrency_order=selected,
             delay_rule=(f"closed loop at concurrency {load.concurrency}: each request starts when a slot "
                         "frees, in trace order; trace timestamps and session delays are ignored"),
         )
@@ -39,6 +52,7 @@ def plan_arrivals(trace: TraceArrays, load: LoadConfig, seed: int, selected: np.
         rng = np.random.default_rng(seed)
         gaps = rng.exponential(1000.0 / float(load.rate), size=n)
         times = np.cumsum(gaps) - gaps[0] if n else gaps
+        check_clock(float(times[-1]) if n else 0.0, f"load.rate={load.rate:g}", "raise load.rate")
         return ArrivalPlan(
             open_order=selected, open_times=times.astype(np.float64),
             delay_rule=(f"open-loop Poisson arrivals at {load.rate} req/s (seed {seed}) in trace order; "
@@ -57,6 +71,7 @@ def plan_arrivals(trace: TraceArrays, load: LoadConfig, seed: int, selected: np.
     dependents: dict[int, list[tuple[int, float]]] = {}
     is_open = np.ones(n, dtype=bool)
     last_in_session: dict[str, int] = {}
+    session_delay: dict[str, float] = {}  # a session's closed-loop delays add up along its turns
     session_ids = trace.session_id
     num_closed = 0
     for pos in range(n):  # rows are in arrival order, so a session's turns come in order
@@ -69,10 +84,13 @@ def plan_arrivals(trace: TraceArrays, load: LoadConfig, seed: int, selected: np.
         d = delay[pos]
         if prev is not None and not np.isnan(d):
             dependents.setdefault(prev, []).append((idx, float(d) / speedup))
+            session_delay[sid] = session_delay.get(sid, 0.0) + float(d) / speedup
             is_open[pos] = False
             num_closed += 1
     open_idx = selected[is_open]
     open_times = arrival[is_open]
+    horizon = (float(open_times.max()) if len(open_times) else 0.0) + max(session_delay.values(), default=0.0)
+    check_clock(horizon, f"load.speedup={speedup:g}", "raise load.speedup")
     sort = np.argsort(open_times, kind="stable")
     shifted = f"(minus the window start, {load.window}) " if start else ""
     rule = (f"trace timestamps {shifted}/ speedup {speedup:g}; {num_closed} later session turns with delay_ms are "

@@ -19,10 +19,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from replay.base.parquet_io import CHECKSUMS
 from replay.engine.output_schema import REQUESTS_FILE
 
 _ROWS_PER_GROUP = 1 << 20
-_WRITE_OPTIONS = dict(compression="snappy", write_statistics=True, use_dictionary=True)
+_WRITE_OPTIONS = dict(compression="snappy", write_statistics=True, use_dictionary=True, **CHECKSUMS)
 
 
 def cluster_files(folder: Path) -> list[str]:

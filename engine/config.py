@@ -43,7 +43,10 @@ class SchedulerConfig(StrictModel):
 
 
 class KVCacheConfig(StrictModel):
-    block_size: int = Field(16, gt=0)
+    # vLLM's FlashAttention backend (the default for these models on Hopper) takes block sizes that are
+    # multiples of 16 only (FlashAttentionBackend.get_kv_cache_shape: "Block size must be a multiple of
+    # 16"; get_supported_kernel_block_sizes: MultipleOf(16)); vLLM refuses anything else at start-up.
+    block_size: int = Field(16, gt=0, multiple_of=16)
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = Field(0.92, gt=0.0, le=1.0)
     num_gpu_blocks: int | None = Field(None, gt=1)  # includes vLLM's reserved null block

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from replay.base.parquet_io import CHECKSUMS
 from replay.engine.background_writer import BackgroundWriter
 from replay.engine.output_schema import (
     CHUNKS_SCHEMA,
@@ -32,7 +33,7 @@ _STEP_ROWS_BUFFERED = 1 << 16  # step rows buffered before a row group is writte
 
 # Parquet writer settings fixed here so that identical runs give identical bytes.
 # Snappy: the outputs are written once and read a few times; snappy writes 2-3x faster than zstd here.
-_PARQUET_OPTS = dict(compression="snappy", write_statistics=True, use_dictionary=True)
+_PARQUET_OPTS = dict(compression="snappy", write_statistics=True, use_dictionary=True, **CHECKSUMS)
 
 
 def _stream_opts(schema: pa.Schema) -> dict:

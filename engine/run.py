@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from replay.base.atomic import atomic_dir, write_json_atomic
 from replay.base.errors import ConfigError, TraceError
+from replay.base.parquet_io import CHECKSUMS
 from replay.engine.admission import Admission
 from replay.engine.arrivals import ArrivalPlan, plan_arrivals
 from replay.engine.autoscale import Autoscaler, build_policy
@@ -301,7 +302,7 @@ def store_trace(table: pa.Table, meta: TraceMetadata, trace_path: str | Path | N
     if trace_path is not None and Path(trace_path).suffix == ".parquet" and meta is not None:
         return Path(trace_path).resolve()
     metadata = {**(table.schema.metadata or {}), **meta.to_parquet_metadata()}
-    pq.write_table(table.replace_schema_metadata(metadata), tmp / "trace.parquet", compression="zstd")
+    pq.write_table(table.replace_schema_metadata(metadata), tmp / "trace.parquet", compression="zstd", **CHECKSUMS)
     return Path(outdir).resolve() / "trace.parquet"
 
 

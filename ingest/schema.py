@@ -154,7 +154,7 @@ def read_trace(path: str | Path, without: tuple[str, ...] = (), *,
     """
     path = Path(path)
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
     except (OSError, pa.ArrowInvalid) as exc:
         raise TraceError(f"cannot read Parquet: {exc}", path=str(path)) from None
     meta = TraceMetadata.from_parquet_metadata(pf.schema_arrow.metadata, path)

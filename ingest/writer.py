@@ -13,6 +13,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from replay.base.parquet_io import CHECKSUMS
+
 from .schema import TraceMetadata, trace_schema_for
 
 ROW_GROUP_ROWS = 262_144  # ~2-8 MB per group for traces without long id lists; a throughput/memory trade-off
@@ -29,7 +31,7 @@ class TraceWriter:
     def __init__(self, path: str | Path, metadata: TraceMetadata, row_group_rows: int = ROW_GROUP_ROWS,
                  extras: tuple[str, ...] = ()) -> None:
         self.schema = trace_schema_with(metadata, extras)
-        self._writer = pq.ParquetWriter(str(path), self.schema, compression=COMPRESSION)
+        self._writer = pq.ParquetWriter(str(path), self.schema, compression=COMPRESSION, **CHECKSUMS)
         self._buffer: list[pa.Table] = []
         self._buffered = 0
         self._row_group_rows = row_group_rows

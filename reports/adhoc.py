@@ -11,11 +11,21 @@ DuckDB cannot open an in-memory database read-only, so reading-only is enforced 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import duckdb
 import pandas as pd
 
+from replay.base.duckdb_conn import run_interruptible
 from replay.base.errors import ReplayError
 from replay.reports.views import Run, query_errors
+
+T = TypeVar("T")
+# Rows come back in pieces of this many DuckDB vectors (2,048 rows each): the result is never held
+# whole in Python, where DuckDB's memory limit does not reach (a SELECT * of a large run's chunks would
+# otherwise pass it several times over).
+CHUNK_VECTORS = 64
 
 # Errors in the query itself: no need to look for a damaged file.
 _QUERY_MISTAKES = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
@@ -44,8 +54,10 @@ def lock_down(run: Run) -> None:
         run.con.execute(stmt.format(dirs=_list_literal(dirs), paths=_list_literal(paths)))
 
 
-def read_only_query(run: Run, query: str) -> pd.DataFrame:
-    """The result of one SELECT over ``run`` (``ReplayError`` for anything else or a failed query)."""
+def stream_query(run: Run, query: str, consume: Callable[[Callable[[], pd.DataFrame]], T]) -> T:
+    """Run one SELECT over ``run`` (``ReplayError`` for anything else or a failed query) and hand
+    ``consume`` a function returning the result's next piece (an empty frame at the end). The query
+    and ``consume`` run on a helper thread, so Ctrl-C and SIGTERM stop them at once."""
     if not query.strip():
         raise ReplayError("empty query: give one SELECT statement, e.g. \"SELECT count(*) FROM requests\"")
     try:
@@ -61,8 +73,25 @@ def read_only_query(run: Run, query: str) -> pd.DataFrame:
         raise ReplayError(f"only SELECT queries are allowed (replay sql reads the run, never changes it); "
                           f"got {kind.name}")
     lock_down(run)
+
+    def work() -> T:
+        run.con.execute(query)
+        return consume(lambda: run.con.fetch_df_chunk(CHUNK_VECTORS))
+
     with query_errors(run):  # other DuckDB errors: a damaged file is named, if there is one
         try:
-            return run.con.execute(query).df()
+            return run_interruptible(run.con, work)
         except _QUERY_MISTAKES as exc:
             raise ReplayError(f"query failed: {str(exc).splitlines()[0]}") from None
+
+
+def read_only_query(run: Run, query: str) -> pd.DataFrame:
+    """The whole result of one SELECT over ``run`` as one frame (small results; see ``stream_query``)."""
+
+    def collect(next_piece: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+        pieces = [next_piece()]
+        while len(pieces[-1]):
+            pieces.append(next_piece())
+        return pieces[0] if len(pieces) <= 2 else pd.concat(pieces[:-1], ignore_index=True)
+
+    return stream_query(run, query, collect)

@@ -32,6 +32,10 @@ QUANTILE = 0.99
 TAIL_FRACTION = 0.03
 TAIL_MIN_N = 20_000  # below this the whole series is the "tail" (cheap anyway)
 CI_LEVEL = 0.95
+# A 95% percentile interval reads the 2.5th and 97.5th percentiles of the resampled statistics: below
+# 100 resamples those are a handful of draws (with one resample, the draw itself), not an interval, so
+# no interval is given (and nothing is marked significant).
+MIN_RESAMPLES = 100
 
 
 def default_resamples(n: int) -> int:
@@ -106,7 +110,7 @@ def paired_bootstrap(pairs: dict[str, tuple[np.ndarray, np.ndarray]], *, resampl
     estimates = {k: (float((b - a).mean()), float(np.percentile(b, q * 100) - np.percentile(a, q * 100)))
                  for k, (a, b) in arrays.items()}
     r = resamples if resamples is not None else default_resamples(n)
-    if n < 2 or r <= 0:
+    if n < 2 or r < MIN_RESAMPLES:
         return {k: PairedChange(n, 0, Interval(m, None, None), Interval(p, None, None)) for k, (m, p) in estimates.items()}
     deltas = np.stack([b - a for a, b in arrays.values()])  # one row per series
     tails = [(_Tail(a, q), _Tail(b, q)) for a, b in arrays.values()]

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from replay.base.duckdb_conn import connect, sql_literal
 from replay.base.errors import ReplayError, TraceError
+from replay.base.parquet_io import damaged_parquet
 from replay.base.structured import parse_json
 from replay.engine.output_schema import (
     CHUNKS_FILE,
@@ -175,6 +176,9 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
     for name, (filename, schema) in OUTPUT_VIEWS.items():
         path = outdir / filename
         names = _check_columns(path, schema)
+        why = damaged_parquet(path)  # DuckDB does not check page checksums: changed bytes would read as numbers
+        if why is not None:
+            raise ReplayError(f"{path}: damaged Parquet file, cannot read its data ({why})")
         columns = SINGLE_REPLICA_COLUMN.get(name, "*") if "replica" not in names else "*"
         con.execute(VIEW_SQL.format(name=name, columns=columns, path=sql_literal(path.resolve()), options=""))
     scaling = outdir / SCALING_FILE  # an autoscaled run's decisions (engine/scaling_output.py)
@@ -219,16 +223,6 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
     return Run(outdir=outdir, info=info, con=con, trace_path=trace_path, trace_meta=meta, notes=notes)
 
 
-def _damaged(path: Path) -> str | None:
-    """Why ``path`` cannot be read through (streamed batch by batch), or None if it reads fine."""
-    try:
-        for _ in pq.ParquetFile(path).iter_batches(batch_size=1 << 16):
-            pass
-    except Exception as exc:  # pyarrow raises OSError, ArrowInvalid and others for damaged pages
-        return " ".join(str(exc).split()) or type(exc).__name__
-    return None
-
-
 @contextlib.contextmanager
 def query_errors(run: Run) -> Iterator[None]:
     """A DuckDB failure while reading the run becomes one line naming the damaged file when there is one."""
@@ -237,7 +231,7 @@ def query_errors(run: Run) -> Iterator[None]:
     except duckdb.Error as exc:
         files = [run.outdir / f for f, _ in OUTPUT_VIEWS.values()] + ([run.trace_path] if run.trace_path else [])
         for path in files:
-            why = _damaged(path)
+            why = damaged_parquet(path)
             if why is not None:
                 raise ReplayError(f"{path}: damaged Parquet file, cannot read its data ({why})") from None
         raise ReplayError(f"{run.outdir}: query failed: {' '.join(str(exc).split())}") from None

@@ -12,7 +12,10 @@ from __future__ import annotations
 import os
 import secrets
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 
@@ -36,6 +39,40 @@ def connect(memory_limit_mb: int = MEMORY_LIMIT_MB, *, threads: int | None = Non
     con = duckdb.connect(config=config)
     con.execute("SET enable_progress_bar = false")  # a long (spilling) query must not draw on our stdout
     return con
+
+
+T = TypeVar("T")
+
+
+def run_interruptible(con: duckdb.DuckDBPyConnection, work: Callable[[], T]) -> T:
+    """``work()`` (DuckDB calls on ``con``) on a helper thread, the main thread waiting for it.
+
+    A query runs inside DuckDB's C++ code, where Python's signal handlers cannot run until it returns:
+    Ctrl-C and SIGTERM would wait for the whole query. The main thread stays in Python here, so the
+    CLI's handlers run at once; the query is then cancelled (``con.interrupt()``) before the exit goes on.
+    """
+    outcome: dict[str, object] = {}
+    done = threading.Event()  # waited on instead of Thread.join, which a signal can leave returning early
+
+    def target() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # handed to the main thread as is
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="duckdb-query", daemon=True).start()
+    try:
+        while not done.wait(0.05):
+            pass
+    except BaseException:
+        con.interrupt()
+        done.wait(30.0)
+        raise
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["value"]  # type: ignore[return-value]
 
 
 def sql_literal(value: str | Path) -> str:

@@ -91,6 +91,11 @@ def register(app: typer.Typer) -> None:
             from replay.reports.slo import parse_slo
 
             parsed_slo = parse_slo(slo)
+            from replay.reports.bootstrap import MIN_RESAMPLES
+
+            if resamples is not None and resamples < MIN_RESAMPLES:
+                raise ReplayError(f"--resamples {resamples}: a 95% interval needs at least {MIN_RESAMPLES} "
+                                  "resamples (default 1000)")
             if config_a is not None or config_b is not None or set_a or set_b:
                 if second is not None:
                     raise ReplayError("give either two OUTDIRs, or a trace with -a/-b configs, not both")

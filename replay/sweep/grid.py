@@ -12,11 +12,13 @@ import copy
 import itertools
 import json
 import re
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from replay.base.errors import ConfigError, ReplayError
 from replay.base.files import require_regular_file
@@ -85,6 +87,7 @@ def parse_axis(spec: str, flag: str = "--grid") -> Axis:
     if not sep or not key or not rest.strip():
         raise ConfigError(f"{flag} {spec!r}: expected key=v1,v2,... or key=LOW..HIGH "
                           "(e.g. scheduler.max_num_seqs=64,128 or fleet.replicas=1..8)")
+    check_config_key(key, flag)
     rng = parse_range(rest, f"{flag} {key}=")
     if rng is not None:
         values = [Value(v, str(v)) for v in rng]
@@ -118,6 +121,34 @@ def _split_top(text: str) -> list[str]:
             cur.append(ch)
     out.append("".join(cur))
     return out
+
+
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a config field holds (``X`` or ``X | None``), else None."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def check_config_key(key: str, flag: str = "--grid") -> None:
+    """Refuse a key the engine config does not have (a typo would otherwise make every point of the
+    grid fail to validate, and the sweep would run nothing). Keys inside a free-form mapping (e.g.
+    ``fleet.router_options.*``) are left to the config's own validation."""
+    model: type[BaseModel] = EngineConfig
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        where = ".".join(parts[:i + 1])
+        if field is None:
+            known = ", ".join(model.model_fields)
+            raise ConfigError(f"{flag} {key}: unknown config key {where!r} (known here: {known})")
+        section = _section_model(field.annotation)
+        if section is None:
+            if i < len(parts) - 1 and typing.get_origin(field.annotation) is not dict and field.annotation is not dict:
+                raise ConfigError(f"{flag} {key}: {where!r} is a value, not a section")
+            return
+        model = section
 
 
 def parse_axes(specs: list[str], flag: str = "--grid") -> list[Axis]:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from replay.api import load_any_trace
 from replay.base.atomic import atomic_path, refuse_inputs, write_json_atomic
 from replay.base.errors import ConfigError, ReplayError
+from replay.base.parquet_io import CHECKSUMS
 from replay.base.version import __version__
 from replay.engine.config import load_config
 from replay.engine.run import config_input_files
@@ -160,6 +161,9 @@ class SweepSession:
         """Results for ``points`` (in order): stored ones reused, missing ones run on the executor."""
         progress = progress or NoProgress()
         results = [self.resolve(p) for p in points]
+        if results and all(res.key is None for res in results):  # nothing would run: say why, exit 2
+            raise ConfigError(f"no combination of the grid is a valid config ({len(results)} tried); the first: "
+                              f"{results[0].error}")
         progress.add_total(len(results))
         todo: dict[str, Job] = {}
         for res in results:
@@ -226,7 +230,8 @@ def _place_trace(trace: Path, table, meta, root: Path, fingerprint: str) -> str:
 
     with atomic_path(target) as tmp:
         pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                                      **meta.to_parquet_metadata()}), tmp, compression="zstd")
+                                                      **meta.to_parquet_metadata()}), tmp, compression="zstd",
+                       **CHECKSUMS)
     stored, _ = read_trace(target)
     if _fingerprint(stored) != fingerprint:  # the workers must replay exactly what was given
         raise ReplayError(f"{target}: the stored trace does not read back identical to {trace}")

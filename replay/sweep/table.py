@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replay.base.atomic import atomic_path
+from replay.base.parquet_io import CHECKSUMS
 from replay.sweep.grid import Axis
 from replay.sweep.summary import METRIC_COLUMNS
 
@@ -65,4 +66,4 @@ def build_table(axes: list[Axis], rows: list[dict[str, Any]]) -> pa.Table:
 
 def write_table(table: pa.Table, path: Path) -> None:
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd", write_statistics=True)
+        pq.write_table(table, tmp, compression="zstd", write_statistics=True, **CHECKSUMS)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -370,3 +372,161 @@ def test_no_input_ends_in_a_traceback(name, trace, tmp_path, monkeypatch):
     assert message in lines[0], lines[0]
     assert not (tmp_path / "o").exists() and not (tmp_path / "o.parquet").exists()
     assert not (tmp_path / "r.md").exists() and not (tmp_path / "r_files").exists()
+
+
+# --- silent nonsense: inputs that ran and gave wrong figures (or ran nothing, or never ended) ------------
+
+
+def _dup_keys(d: Path) -> list[str]:
+    _write(d, "c.yaml", "scheduler:\n  max_num_seqs: 8\nseed: 1\nscheduler:\n  max_num_seqs: 64\n")
+    return ["-c", "c.yaml"]
+
+
+NONSENSE_CASES = {
+    "speedup near zero": (lambda d, t: ["run", str(t), "-o", "o", "--set", "load.speedup=1.0e-12"],
+                          "load.speedup=1e-12: arrivals would reach"),
+    "speedup that overflows": (lambda d, t: ["run", str(t), "-o", "o", "--set", "load.speedup=1.0e-310"],
+                               "load.speedup=1e-310: arrivals would reach inf ms"),
+    "Poisson rate near zero": (lambda d, t: ["run", str(t), "-o", "o", "--set", "load.mode=poisson",
+                                             "--set", "load.rate=1.0e-12"], "load.rate=1e-12: arrivals would reach"),
+    "block size 7": (lambda d, t: ["run", str(t), "-o", "o", "--set", "kv_cache.block_size=7"],
+                     "kv_cache.block_size: Input should be a multiple of 16"),
+    "block size 8": (lambda d, t: ["run", str(t), "-o", "o", "--set", "kv_cache.block_size=8"],
+                     "kv_cache.block_size: Input should be a multiple of 16"),
+    "duplicate YAML key": (lambda d, t: ["run", str(t), "-o", "o", *_dup_keys(d)],
+                           "c.yaml: invalid YAML: line 4, column 1: duplicate key 'scheduler' (first given on line 1)"),
+    "duplicate key in a --set mapping": (lambda d, t: ["run", str(t), "-o", "o", "--set", "scheduler={policy: fcfs, policy: priority}"],
+                                         "duplicate key 'policy'"),
+    "duplicate key in a grid file": (lambda d, t: (_write(d, "g.yaml", "max_num_seqs: 8\nmax_num_seqs: 9\n"),
+                                                   ["sweep", str(t), "--grid", "scheduler=g.yaml", "-o", "sw"])[1],
+                                     "g.yaml: invalid YAML: line 2, column 1: duplicate key 'max_num_seqs'"),
+    "sweep over an unknown key": (lambda d, t: ["sweep", str(t), "--grid", "nosuch.key=1,2", "-o", "sw"],
+                                  "--grid nosuch.key: unknown config key 'nosuch'"),
+    "sweep over an unknown sub-key": (lambda d, t: ["sweep", str(t), "--grid", "scheduler.max_seqs=1,2", "-o", "sw"],
+                                      "--grid scheduler.max_seqs: unknown config key 'scheduler.max_seqs'"),
+    "sweep under a value": (lambda d, t: ["sweep", str(t), "--grid", "seed.x=1,2", "-o", "sw"],
+                            "--grid seed.x: 'seed' is a value, not a section"),
+    "plan varying an unknown key": (lambda d, t: ["plan", str(t), "--slo", "ttft_p99=1000", "--vary", "fleet.replica=1..4",
+                                                  "-o", "sw"], "--vary fleet.replica: unknown config key 'fleet.replica'"),
+    "sweep with no valid point": (lambda d, t: ["sweep", str(t), "--grid", "kv_cache.block_size=7,9", "-o", "sw"],
+                                  "no combination of the grid is a valid config (2 tried)"),
+    "diff with 0 resamples": (lambda d, t: (write_sample_run(d / "out", t), ["diff", "out", "out", "-o", "r.md", "--resamples", "0"])[1],
+                              "--resamples 0: a 95% interval needs at least 100 resamples"),
+    "diff with 1 resample": (lambda d, t: (write_sample_run(d / "out", t), ["diff", "out", "out", "-o", "r.md", "--resamples", "1"])[1],
+                             "--resamples 1: a 95% interval needs at least 100 resamples"),
+}
+
+
+@pytest.mark.parametrize("name", list(NONSENSE_CASES))
+def test_silent_nonsense_is_refused(name, trace, tmp_path, monkeypatch):
+    """What used to run and report wrong figures (a clock too coarse for a step: TTFT 0.0), run nothing
+    and exit 0, or quietly keep the last of two values, is refused in one line naming the key, exit 2."""
+    make, message = NONSENSE_CASES[name]
+    monkeypatch.chdir(tmp_path)
+    res = invoke(*make(tmp_path, trace))
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    assert message in lines[0], lines[0]
+    assert not (tmp_path / "o").exists() and not (tmp_path / "r.md").exists()
+    assert not (tmp_path / "sw" / "sweep.parquet").exists()
+
+
+def test_a_concurrency_beyond_the_requests_is_all_at_once(trace, tmp_path):
+    """load.concurrency 2^63 - 1 (it once looped for ever opening slots) replays exactly as a
+    concurrency equal to the number of requests: every request starts at 0."""
+    huge = write_sample_run(tmp_path / "huge", trace, "--set", "load.mode=concurrency",
+                            "--set", f"load.concurrency={2**63 - 1}")
+    exact = write_sample_run(tmp_path / "exact", trace, "--set", "load.mode=concurrency", "--set", "load.concurrency=60")
+    for name in ("requests.parquet", "steps.parquet", "chunks.parquet"):
+        assert pq.read_table(huge / name).equals(pq.read_table(exact / name)), name
+
+
+def test_too_few_resamples_give_no_interval_and_no_star():
+    """A "95% CI" of one resample is that resample: no interval below MIN_RESAMPLES, never significant."""
+    import numpy as np
+
+    from replay.reports import bootstrap as bs
+
+    rng = np.random.default_rng(0)
+    a = rng.random(500)
+    b = a + 5.0  # B is clearly worse: with enough resamples the interval excludes zero
+    for r in (1, 2, bs.MIN_RESAMPLES - 1):
+        got = bs.paired_bootstrap({"x": (a, b)}, resamples=r)["x"]
+        assert got.resamples == 0 and got.mean_delta.low is None and not got.mean_delta.excludes_zero
+    got = bs.paired_bootstrap({"x": (a, b)}, resamples=bs.MIN_RESAMPLES)["x"]
+    assert got.mean_delta.excludes_zero
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("name", ["chunks.parquet", "steps.parquet", "requests.parquet"])
+def test_changed_bytes_inside_an_output_are_never_read_as_numbers(name, trace, tmp_path):
+    """Outputs carry page checksums and the reports verify them: a byte changed anywhere in a file's
+    pages is refused naming the file, or (a byte no page's data depends on) reads exactly as before;
+    never as other numbers (an ITL of 4.5e300 ms)."""
+    from replay.base.errors import ReplayError
+    from replay.reports.views import open_run
+
+    out = write_sample_run(tmp_path / "out", trace)
+    clean = pq.read_table(out / name)
+    original = (out / name).read_bytes()
+    footer = int.from_bytes(original[-8:-4], "little")
+    end = len(original) - footer - 8
+    refused = 0
+    for offset in range(4, end, max(1, (end - 4) // 24)):
+        (out / name).write_bytes(original)
+        _flip(out / name, offset)
+        try:
+            run = open_run(out)
+        except ReplayError as exc:
+            assert f"{name}: damaged Parquet file" in str(exc)
+            refused += 1
+            continue
+        run.con.close()
+        assert pq.read_table(out / name).equals(clean), offset
+    assert refused >= 20
+    (out / name).write_bytes(original)
+    _flip(out / name, (4 + end) // 2)
+    res = invoke("sql", out, "SELECT max(1) FROM chunks")
+    assert res.exit_code == 2 and res.output.startswith(f"error: {out / name}: damaged Parquet file"), res.output
+
+
+_LONG_QUERY = "SELECT sum(hash(a.range * 7 + b.range)) FROM range(1000000) a, range(1000000) b"
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_a_long_sql_query_stops_on_ctrl_c_and_sigterm(sig, code, trace, tmp_path):
+    """DuckDB runs a query in C++, where Python's handlers wait: the query runs on a helper thread and
+    is cancelled, so the command ends at once with the signal's exit status."""
+    out = write_sample_run(tmp_path / "out", trace)
+    proc = subprocess.Popen([sys.executable, "-m", "replay.cli", "sql", str(out), _LONG_QUERY], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    time.sleep(4.0)  # started, inside the query
+    assert proc.poll() is None, proc.communicate()
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert time.monotonic() - sent < 20 and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_sql_memory_stays_bounded_on_a_large_result(trace, tmp_path):
+    """40 M result rows (640 MB as one pandas frame) stream through `replay sql` in pieces: the
+    process stays far below what holding the result would take."""
+
+    out = write_sample_run(tmp_path / "out", trace)
+    query = "SELECT range AS a, range * 2 AS b FROM range(40000000)"
+    script = ("import resource, sys\nfrom replay.cli import app\ntry:\n    app(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+              "sys.stderr.write(f'peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\\n')")
+    res = subprocess.run([sys.executable, "-c", script, "sql", str(out), query, "--max-rows", "3"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "39,999,997 more rows" in res.stdout, (res.stdout, res.stderr)
+    peak_mb = int(res.stderr.rsplit("peak ", 1)[1]) / 1024
+    assert peak_mb < 600, peak_mb

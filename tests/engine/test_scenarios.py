@@ -266,14 +266,14 @@ def test_identical_outputs_for_identical_runs(tmp_path):
 
 
 def test_priority_preemption_of_an_earlier_request_does_not_skip_the_next(tmp_path):
-    # Blocks of 4 tokens, 7 usable. A (priority 5) runs first; B and C (priority 0) join at step 1:
+    # Blocks of 16 tokens, 7 usable. A (priority 5) runs first; B and C (priority 0) join at step 1:
     # A 3 blocks + B 2 + C 2 = all 7. At step 2 B needs a 3rd block: the victim is A (worst priority),
     # which sits BEFORE B in running; the list shifts, and vLLM steps its index back so that C is
     # still scheduled in the same step (with a block A freed). Both B and C decode at step 2.
-    rows = [dict(input_tokens=8, output_tokens=12, priority=5),
-            dict(arrival_ms=1, input_tokens=8, output_tokens=12, priority=0),
-            dict(arrival_ms=1, input_tokens=8, output_tokens=12, priority=0)]
-    cfg = {"scheduler": {"max_num_batched_tokens": 1000, "policy": "priority"}, "kv_cache": {"block_size": 4}}
+    rows = [dict(input_tokens=32, output_tokens=48, priority=5),
+            dict(arrival_ms=1, input_tokens=32, output_tokens=48, priority=0),
+            dict(arrival_ms=1, input_tokens=32, output_tokens=48, priority=0)]
+    cfg = {"scheduler": {"max_num_batched_tokens": 1000, "policy": "priority"}, "kv_cache": {"block_size": 16}}
     reqs, _, steps, _ = run_small(rows, tmp_path, num_gpu_blocks=8, config=cfg)
     s2 = steps.loc[2]
     assert s2.preemptions == 1 and s2.decode_requests == 2 and s2.running == 2
