@@ -38,7 +38,7 @@ def plan(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or tables."),
 ) -> None:
     """The fewest GPUs (replicas x tensor_parallel_size, over every pool) meeting --slo among the --vary candidates."""
-    from replay.sweep.grid import parse_axes, parse_axis
+    from replay.sweep.grid import check_axes, parse_axes, parse_axis
     from replay.sweep.plan import SEARCHES, answer_rows
     from replay.sweep.plan import plan as run_plan
     from replay.sweep.plan_output import write_plan
@@ -54,14 +54,14 @@ def plan(
         sweep_slo = parse_sweep_slo(slo)
         if not sweep_slo.constraints:
             raise ReplayError("--slo needs at least one <metric>_<stat>=ms constraint, e.g. ttft_p99=2000")
-        vary_axes = [parse_axis(v, "--vary") for v in vary]
+        vary_axes = check_axes([parse_axis(v, "--vary") for v in vary], "--vary")
         for axis in vary_axes:
             _check_numeric(axis)
         if len({a.key for a in vary_axes}) < len(vary_axes):
             raise ReplayError("--vary: each key once")
         if goal == "max" and len(vary_axes) > 1:
             raise ReplayError("--goal max takes one --vary key")
-        others = parse_axes(grid)
+        others = check_axes(parse_axes(grid))
         both = {a.key for a in vary_axes} & {a.key for a in others}
         if both:
             raise ReplayError(f"--vary {sorted(both)[0]} is also a --grid key")

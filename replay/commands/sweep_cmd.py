@@ -30,7 +30,7 @@ def sweep(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or summary."),
 ) -> None:
     """Replay TRACE under every combination of the --grid values; write SWEEPDIR/sweep.parquet."""
-    from replay.sweep.grid import parse_axes, product
+    from replay.sweep.grid import check_axes, parse_axes, product
     from replay.sweep.progress import RichProgress
     from replay.sweep.runner import NoProgress, SweepOptions, SweepSession
     from replay.sweep.slo import parse_sweep_slo
@@ -38,7 +38,7 @@ def sweep(
     with user_errors():
         if on_error not in ("fail", "skip"):
             raise ReplayError("--on-error takes fail or skip")
-        axes = parse_axes(grid)
+        axes = check_axes(parse_axes(grid))
         points = product(axes)
         options = SweepOptions(ray=ray, workers=workers, summary_only=summary_only, retry_failed=retry_failed,
                                on_error=on_error)

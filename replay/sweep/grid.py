@@ -87,7 +87,6 @@ def parse_axis(spec: str, flag: str = "--grid") -> Axis:
     if not sep or not key or not rest.strip():
         raise ConfigError(f"{flag} {spec!r}: expected key=v1,v2,... or key=LOW..HIGH "
                           "(e.g. scheduler.max_num_seqs=64,128 or fleet.replicas=1..8)")
-    check_config_key(key, flag)
     rng = parse_range(rest, f"{flag} {key}=")
     if rng is not None:
         values = [Value(v, str(v)) for v in rng]
@@ -149,6 +148,13 @@ def check_config_key(key: str, flag: str = "--grid") -> None:
                 raise ConfigError(f"{flag} {key}: {where!r} is a value, not a section")
             return
         model = section
+
+
+def check_axes(axes: list[Axis], flag: str = "--grid") -> list[Axis]:
+    """``axes`` when every key is one the engine config has (``check_config_key``)."""
+    for axis in axes:
+        check_config_key(axis.key, flag)
+    return axes
 
 
 def parse_axes(specs: list[str], flag: str = "--grid") -> list[Axis]:

@@ -123,7 +123,7 @@ def test_diff_refuses_different_traces(pair, tmp_path):
 def test_cli_diff_prints_the_summary(pair, tmp_path):
     a, b = pair
     res = runner.invoke(app, ["diff", str(a), str(b), "-o", str(tmp_path / "c.md"), "--name-a", "big",
-                              "--name-b", "small", "--resamples", "50", "--no-charts"])
+                              "--name-b", "small", "--resamples", "100", "--no-charts"])
     assert res.exit_code == 0, res.output
     assert "replay diff: big vs small" in res.output and "Mean TTFT" in res.output
     assert (tmp_path / "c.md").is_file() and not (tmp_path / "c_files").exists()
@@ -185,7 +185,7 @@ def test_shortcut_reports_missing_api_or_runs(tmp_path):
     (tmp_path / "a.yaml").write_text("scheduler:\n  max_num_seqs: 64\n")
     (tmp_path / "b.yaml").write_text("scheduler:\n  max_num_seqs: 8\n")
     args = ["diff", str(trace), "-a", str(tmp_path / "a.yaml"), "-b", str(tmp_path / "b.yaml"),
-            "-o", str(tmp_path / "s.md"), "--no-charts", "--resamples", "50"]
+            "-o", str(tmp_path / "s.md"), "--no-charts", "--resamples", "100"]
     try:
         import replay.api  # noqa: F401
     except ImportError:
