@@ -18,6 +18,7 @@ from replay.base.errors import ConfigError, ReplayError
 from replay.base.files import require_regular_file
 from replay.base.structured import load_yaml
 from replay.engine.hardware import get_hardware
+from replay.engine.kv_tier_config import HOST_OFFLOAD_TIER_NAME, KVTierConfig, check_tier_chain
 from replay.engine.load_window import parse_window
 from replay.engine.models import ModelSpec, get_model
 from replay.engine.pd_config import KVTransferConfig, PoolConfig
@@ -53,6 +54,7 @@ class KVCacheConfig(StrictModel):
     kv_cache_size_tokens: int | None = Field(None, gt=0)  # the server's "GPU KV cache size: N tokens"
     kv_bytes_per_token: int | None = Field(None, gt=0)  # override for transfer sizing (per GPU rank)
     cache_dtype: Literal["auto", "bf16", "fp8"] = "auto"
+    tiers: list[KVTierConfig] = Field(default_factory=list)  # tiers after host_offload (docs/kv-tiers.md)
 
     @model_validator(mode="after")
     def _one_capacity(self) -> KVCacheConfig:
@@ -278,6 +280,25 @@ class EngineConfig(StrictModel):
             msg = "unknown key" if err["type"] == "extra_forbidden" else str(err.get("ctx", {}).get("error", err["msg"]))
             raise ValueError(f"fleet.{pool}.{loc}: {msg}" if loc else f"fleet.{pool}: {msg}") from None
 
+    @model_validator(mode="after")
+    def _tier_chain(self) -> EngineConfig:
+        host = self.host_offload
+        if self.kv_cache.tiers:
+            fleet = self.fleet
+            if fleet is not None and (fleet.disaggregated or fleet.clusters > 1 or fleet.autoscale is not None):
+                raise ValueError("kv_cache.tiers: not yet modeled for a disaggregated, clustered or autoscaled fleet "
+                                 "(a cluster tier would not be shared across pools, clusters or new replicas)")
+            check_tier_chain(self.kv_cache.tiers, host is not None,
+                             (host.block_size if host is not None else None) or self.kv_cache.block_size)
+        weights = self.fleet.router_options.get("tier_weights") if self.fleet is not None else None
+        if weights:
+            names = ([HOST_OFFLOAD_TIER_NAME] if host is not None else []) + [t.name for t in self.kv_cache.tiers]
+            for name in weights:
+                if name not in names:
+                    raise ValueError(f"fleet.router_options.tier_weights.{name}: no such KV tier (the chain has: "
+                                     f"{', '.join(names) or 'none'})")
+        return self
+
     def kv_cache_dtype(self) -> str:
         """The KV cache's element type: the weights' dtype unless ``kv_cache.cache_dtype`` names one."""
         return self.dtype if self.kv_cache.cache_dtype == "auto" else self.kv_cache.cache_dtype
@@ -365,12 +386,20 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         parts = key.strip().split(".")
         node = data
         for part in parts[:-1]:
+            if isinstance(node, list):  # a list of named entries (kv_cache.tiers): address one by name
+                named = [e for e in node if isinstance(e, dict) and e.get("name") == part]
+                if len(named) != 1:
+                    raise ConfigError(f"--set {item!r}: no single entry named {part!r} in that list")
+                node = named[0]
+                continue
             child = node.get(part)
             if child is None:
                 child = node[part] = {}
-            if not isinstance(child, dict):
+            if not isinstance(child, (dict, list)):
                 raise ConfigError(f"--set {item!r}: {part!r} is not a section")
             node = child
+        if isinstance(node, list):
+            raise ConfigError(f"--set {item!r}: {parts[-2]!r} is a list; name an entry, e.g. kv_cache.tiers.ssd.num_blocks")
         node[parts[-1]] = _parse_scalar(value, item)
     return data
 

@@ -160,6 +160,9 @@ class RunLRUStore:
         self.groups: dict[int, list[_Seg]] = {}
         self.pins: dict[int, list[tuple[int, int]]] = {}  # group -> key intervals pinned by loads in flight
         self.size = 0
+        # When a list: the key runs evictions remove are appended to it (a tier below that stores
+        # on evictions takes them, engine/kv_tiers.py); None (G2 alone): nothing is collected.
+        self.evicted: list[range] | None = None
 
     def __len__(self) -> int:
         return self.size
@@ -278,6 +281,16 @@ class RunLRUStore:
             n += ((seg.hi if seg.hi < hi else hi) - (seg.lo if seg.lo > lo else lo)) // s + 1
         return n
 
+    def num_held(self, runs: list[range]) -> int:
+        """How many keys of ``runs`` the store holds (written or not)."""
+        groups = self.groups
+        n = 0
+        if groups:
+            for run in runs:
+                if key_group(run[0]) in groups:
+                    n += self._held(run)
+        return n
+
     @staticmethod
     def _interval(r: range) -> tuple[int, int]:
         a, b = r[0], r[-1]
@@ -353,14 +366,19 @@ class RunLRUStore:
                 avail += len(seg.rng)
             seg = seg.next
         seg = head.next
+        out = self.evicted
         while needed:
             nxt = seg.next
             if seg.batch < ready_below:
                 n = len(seg.rng)
                 if n <= needed:
+                    if out is not None:
+                        out.append(seg.rng)
                     self._unlink(seg)
                     needed -= n
                 else:
+                    if out is not None:
+                        out.append(seg.rng[:needed])
                     self._cut(seg, 0, needed)
                     needed = 0
             seg = nxt
@@ -384,7 +402,10 @@ class RunLRUStore:
                 plan = self._plan_evictions(need, ready_below, runs if held else None)
                 if plan is None:
                     return new, None
+                out = self.evicted
                 for seg, spans in plan:
+                    if out is not None:
+                        out.extend([seg.rng[s0:s1] for s0, s1 in spans])
                     if len(spans) == 1 and spans[0][0] == 0 and spans[0][1] == len(seg.rng):
                         self._unlink(seg)  # a whole run leaves
                         continue

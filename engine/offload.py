@@ -13,6 +13,9 @@
 - The CPU store (engine/cpu_store.py) holds only what it stores, as runs of keys (one per trace
   block): millions of configured blocks cost nothing up front, and a step's stores, evictions and
   lookups cost a few operations per trace block they touch, not per offload block.
+- Tiers below G2 (``kv_cache.tiers``, engine/kv_tiers.py): the blocks offered to G2 go on to the
+  write-through tiers, G2's evictions to an on-evict tier, and a lookup continues past the G2 hit
+  through them. Without ``host_offload`` there is no G2 store: the GPU offers straight to the tiers.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from replay.engine.block_keys import key_group
 from replay.engine.config import HostOffloadConfig
 from replay.engine.cpu_store import KeyLRUStore, RunLRUStore, runs_len, runs_slice
 from replay.engine.kv_cache_manager import KVCacheManager
+from replay.engine.kv_tiers import TierChain
 from replay.engine.request import Request
 
 _first_key = itemgetter(0)
@@ -36,21 +40,29 @@ class OffloadManager:
     # The CPU store class: tests swap in KeyLRUStore (per key) to check the run store end to end.
     store_factory: type[RunLRUStore] | type[KeyLRUStore] = RunLRUStore
 
-    def __init__(self, cfg: HostOffloadConfig, kv: KVCacheManager, kv_bytes_per_token: int) -> None:
+    def __init__(self, cfg: HostOffloadConfig | None, kv: KVCacheManager, kv_bytes_per_token: int,
+                 lower: TierChain | None = None) -> None:
+        """``cfg`` None: no G2 store, only the tiers of ``lower`` (which then cannot be None)."""
         gpu_bs = kv.block_size
-        off_bs = cfg.block_size or gpu_bs
+        off_bs = (cfg.block_size if cfg is not None else None) or gpu_bs
         if off_bs % gpu_bs:
             raise ConfigError(f"host_offload.block_size {off_bs} must be a multiple of kv_cache.block_size {gpu_bs}")
         self.kv = kv
         self.block_size = off_bs
         self.lookahead = kv.hash_lookahead
         self.block_bytes = off_bs * kv_bytes_per_token
-        if cfg.num_cpu_blocks is not None:
+        self.lower = lower
+        self.has_host = cfg is not None
+        self.has_curves = lower is not None and any(t.shadows for t in lower.tiers)
+        if cfg is None:
+            cfg = HostOffloadConfig.model_validate({"num_cpu_blocks": 1})  # its lanes are never used
+            self.num_cpu_blocks = 0
+        elif cfg.num_cpu_blocks is not None:
             self.num_cpu_blocks = int(cfg.num_cpu_blocks)
         else:
             size_gib = cfg.size_gib or 0.0  # the config requires one of the two
             self.num_cpu_blocks = int(size_gib * (1 << 30) // self.block_bytes)
-        if self.num_cpu_blocks < 1:
+        if self.has_host and self.num_cpu_blocks < 1:
             raise ConfigError(f"host_offload holds no block: size_gib {cfg.size_gib} < one block of "
                               f"{self.block_bytes} bytes")
         # Transfer time = latency + bytes / bandwidth (GB/s = 1e9 bytes/s), per direction, FIFO lanes.
@@ -60,6 +72,8 @@ class OffloadManager:
         # The store records the id of the store batch (one per step) that wrote each key; batch b's
         # copy completes at batch_done[b] (the D2H lane is FIFO, so completion times never decrease).
         self.store = self.store_factory(off_bs)
+        if lower is not None and isinstance(self.store, RunLRUStore):
+            self.store.evicted = []  # the first tier below may store on G2's evictions
         self.batch_done: list[float] = []
         self.version = 0  # bumped by every change to the store's contents or LRU order
         self.d2h_free_ms = 0.0
@@ -68,6 +82,7 @@ class OffloadManager:
         self._batch_reqs: list[Request] = []
         self._deferred_free: list[tuple[float, int, Request]] = []
         self._loads: list[tuple[float, int]] = []  # (ready time, request idx) of loads in flight
+        self.loading: dict[int, Request] = {}  # requests whose load is in flight or not yet taken up
         self._step_stored = 0
         self._step_loaded = 0
         self.total_stored_blocks = 0
@@ -101,6 +116,12 @@ class OffloadManager:
             if ready_below < 0:
                 ready_below = self._first_unready_batch(now_ms)
             runs = self._runs(r, m, full)
+            lower = self.lower
+            if lower is not None:
+                lower.offer(runs)
+                if not self.has_host:
+                    r.num_stored_offload_blocks = full
+                    continue
             new, evicted = store.store(runs, batch, capacity, ready_below)
             if evicted is None:  # vLLM's prepare_store returns None: nothing stored, retried later
                 self.store_skipped_full += new
@@ -115,6 +136,8 @@ class OffloadManager:
     def step_executed(self, start_ms: float, end_ms: float) -> None:
         """The forward pass ran from start to end: this step's stores start on the D2H lane."""
         n = self._batch_size
+        if self.lower is not None:
+            self._step_executed_tiers(end_ms)
         if not n:
             return
         nbytes = n * self.block_bytes
@@ -130,8 +153,26 @@ class OffloadManager:
         self._batch_size = 0
         self._batch_reqs = []
 
+    def _step_executed_tiers(self, end_ms: float) -> None:
+        """The step's offers leave for the tiers below when host memory has them: once the G2 copy
+        completes (or at the step's end without G2); what G2 evicted goes to an on-evict tier."""
+        lower = self.lower
+        assert lower is not None
+        begin = end_ms
+        if self._batch_size:
+            begin = max(end_ms, self.d2h_free_ms) + self.latency_ms + self._batch_size * self.block_bytes * \
+                self.d2h_ms_per_byte
+        lower.flush_offers(begin)
+        store = self.store
+        if isinstance(store, RunLRUStore) and store.evicted:
+            evicted = store.evicted
+            store.evicted = []
+            lower.evicted_from_host(evicted, end_ms)
+
     def request_finished(self, r: Request, end_ms: float) -> None:
         r.lookup_memo = None
+        if self.lower is not None:
+            self.lower.forget(r.idx)
         if r.stores_done_ms > end_ms:
             heapq.heappush(self._deferred_free, (r.stores_done_ms, r.idx, r))
         else:
@@ -174,9 +215,13 @@ class OffloadManager:
             hits = store.count_ready(runs, start, ready_below)
         r.lookup_memo = (self.version, ready_below, start, hits, num_blocks, runs, groups)
         r.load_keys = []
-        if num_blocks * bs - num_local < bs or not hits:
+        end = start + hits
+        if self.lower is not None and end < num_blocks:
+            self.lower.apply(now_ms)
+            end = self.lower.lookup(r.idx, runs, end, num_blocks)
+        if num_blocks * bs - num_local < bs or end == start:
             return 0
-        ext = (start + hits) * bs - num_local
+        ext = end * bs - num_local
         if ext < bs:
             return 0  # less than one offload block to gain: not worth a load (vLLM)
         if num_local + ext >= known:
@@ -185,24 +230,134 @@ class OffloadManager:
         return ext
 
     def start_load(self, r: Request, num_local: int, num_external: int, now_ms: float) -> None:
-        self.store.pin(r.load_keys)
-        n = runs_len(r.load_keys)
-        nbytes = n * self.block_bytes
-        begin = now_ms if now_ms > self.h2d_free_ms else self.h2d_free_ms
-        done = begin + self.latency_ms + nbytes * self.h2d_ms_per_byte
-        self.h2d_free_ms = done
+        done = now_ms
+        if r.load_keys:  # always, without tiers below G2
+            self.store.pin(r.load_keys)
+            n = runs_len(r.load_keys)
+            nbytes = n * self.block_bytes
+            begin = now_ms if now_ms > self.h2d_free_ms else self.h2d_free_ms
+            done = begin + self.latency_ms + nbytes * self.h2d_ms_per_byte
+            self.h2d_free_ms = done
+            self._step_loaded += nbytes
+            self.total_loaded_blocks += n
+        if self.lower is not None:
+            t, parts = self.lower.start_load(r.idx, now_ms)
+            r.tier_loads = parts
+            if t > done:
+                done = t
+            if r.tier_hit_tokens is None and r.num_preemptions == 0:
+                self._record_tier_hits(r, num_local, num_external, parts)
         r.load_ready_ms = done
         heapq.heappush(self._loads, (done, r.idx))
-        self._step_loaded += nbytes
-        self.total_loaded_blocks += n
+        self.loading[r.idx] = r
+
+    def _record_tier_hits(self, r: Request, num_local: int, num_external: int, parts: list) -> None:
+        """Hit tokens per tier at first admission (G2 first when present): each part's blocks, less
+        the GPU hit's share of the first offload block and the recomputed last token of a full hit."""
+        lower = self.lower
+        assert lower is not None
+        bs = self.block_size
+        host = self.has_host
+        tokens = [runs_len(r.load_keys) * bs] if host else []
+        tokens += [0] * len(lower.tiers)
+        off = 1 if host else 0
+        for p in parts:
+            tokens[off + p.tier] += p.blocks * bs
+        extra = sum(tokens) - num_external
+        align = num_local - (num_local // bs) * bs
+        for i in range(len(tokens)):  # the GPU's share: from the first tier with a hit
+            if tokens[i]:
+                cut = min(align, tokens[i])
+                tokens[i] -= cut
+                extra -= cut
+                break
+        for i in range(len(tokens) - 1, -1, -1):  # the recomputed last token: from the last
+            if extra <= 0:
+                break
+            cut = min(extra, tokens[i])
+            tokens[i] -= cut
+            extra -= cut
+        r.tier_hit_tokens = tokens
+        for i, tier in enumerate(lower.tiers):
+            tier.hit_tokens += tokens[off + i]
+
+    def peek_tier_hits(self, r: Request, num_local: int, now_ms: float) -> dict[str, int]:
+        """Hit tokens per tier (G2 as ``host`` first, when present) a lookup of ``r`` would find now
+        after ``num_local`` GPU hit tokens, in whole offload blocks; for routers (ReplicaView), so
+        it changes nothing but letting completed tier writes in."""
+        bs = self.block_size
+        num_blocks = (r.num_prompt_tokens + r.num_output_tokens - self.lookahead) // bs
+        start = num_local // bs
+        out: dict[str, int] = {}
+        runs = self._runs(r, 0, num_blocks) if num_blocks > start else []
+        pos = start
+        if self.has_host:
+            h = self.store.count_ready(runs, start, self._first_unready_batch(now_ms)) if runs else 0
+            out["host"] = h * bs
+            pos += h
+        lower = self.lower
+        if lower is not None:
+            blocks = [0] * len(lower.tiers)
+            if runs and pos < num_blocks:
+                lower.apply(now_ms)
+                for p in lower.walk(runs, pos, num_blocks):
+                    blocks[p.tier] += p.blocks
+            for tier, n in zip(lower.tiers, blocks):
+                out[tier.name] = n * bs
+        return out
+
+    def first_admission(self, r: Request) -> None:
+        """The request's first admission used its last lookup: the tiers' size curves count it."""
+        memo = r.lookup_memo
+        lower = self.lower
+        if memo is None or lower is None:
+            return
+        num_blocks, runs = memo[4], memo[5]
+        pos = memo[2] + memo[3]  # past the GPU and G2 hits
+        parts = lower.pending_parts(r.idx) if pos < num_blocks else []
+        lower.admitted(runs, pos, num_blocks, parts)
+
+    def reserved_blocks(self) -> int:
+        """GPU blocks the requests loading still need for their whole known tokens (vLLM 0.33
+        Scheduler._inflight_prefill_reserved_blocks). Only with tiers below G2: G2 alone keeps the
+        admission it had before tiers existed (no reservation; docs/kv-tiers.md, "Departures")."""
+        if self.lower is None:
+            return 0
+        bs = self.kv.block_size
+        n = 0
+        for r in self.loading.values():
+            need = -(-(r.num_prompt_tokens + r.num_output_tokens) // bs) - len(r.block_ids)
+            if need > 0:
+                n += need
+        return n
 
     def finish_load(self, r: Request) -> None:
-        self.store.unpin(r.load_keys)
+        self.loading.pop(r.idx, None)
+        if r.load_keys:
+            self.store.unpin(r.load_keys)
         r.load_keys = []
+        if self.lower is not None and r.tier_loads:
+            parts = r.tier_loads
+            r.tier_loads = []
+            self.lower.finish_load(parts, r.load_ready_ms)
+            if self.has_host:
+                self._promote(parts, r.load_ready_ms)
+
+    def _promote(self, parts: list, now_ms: float) -> None:
+        """Blocks loaded from tiers below G2 stay in G2 (they crossed host memory), as vLLM's
+        tiering manager promotes them into the CPU tier; written, so ready at once."""
+        store = self.store
+        for p in parts:
+            new, evicted = store.store(p.runs, -1, self.num_cpu_blocks, self._first_unready_batch(now_ms))
+            if evicted is not None:
+                self.total_cpu_evictions += evicted
+                self.version += 1
 
     # -- clock ---------------------------------------------------------------------------------
     def advance(self, now_ms: float) -> None:
         """Free finished requests' GPU blocks whose stores have completed by ``now_ms``."""
+        if self.lower is not None:
+            self.lower.apply(now_ms)
         deferred = self._deferred_free
         while deferred and deferred[0][0] <= now_ms:
             _, _, r = heapq.heappop(deferred)
@@ -221,7 +376,7 @@ class OffloadManager:
         stored, loaded = self._step_stored, self._step_loaded
         self._step_stored = self._step_loaded = 0
         used = len(self.store)
-        return stored, loaded, used, used / self.num_cpu_blocks
+        return stored, loaded, used, used / self.num_cpu_blocks if self.num_cpu_blocks else 0.0
 
     def requests_holding_blocks(self) -> list[Request]:
         """Finished requests whose GPU blocks wait for their stores (debug checks)."""

@@ -47,11 +47,14 @@ def _stream_opts(schema: pa.Schema) -> dict:
 
 class Recorder:
     def __init__(self, trace: TraceArrays, outdir: Path, *, replica_column: bool = False,
-                 pd_columns: PDRequestColumns | None = None, num_prefill: int = 0) -> None:
+                 pd_columns: PDRequestColumns | None = None, num_prefill: int = 0,
+                 tier_names: list[str] | None = None) -> None:
         """``replica_column``: a fleet of more than one replica adds a ``replica`` column to
         requests.parquet and steps.parquet (a fleet of one writes exactly the single-engine files).
         ``pd_columns``: a disaggregated fleet (``num_prefill`` prefill replicas numbered first) adds
-        its request columns and a ``pool`` column on steps (engine/pd_outputs.py)."""
+        its request columns and a ``pool`` column on steps (engine/pd_outputs.py).
+        ``tier_names``: the KV tier chain (G2 first when present) adds one ``<name>_hit_tokens``
+        column per tier to requests.parquet (none without ``kv_cache.tiers``)."""
         n = len(trace)
         self.trace = trace
         self.outdir = outdir
@@ -74,8 +77,12 @@ class Recorder:
         self.replica = np.full(n, -1, dtype=np.int32)  # which replica served the request (-1: none)
         self.replica_column = replica_column
         self._steps_schema = STEPS_SCHEMA.append(pa.field("replica", pa.int32())) if replica_column else STEPS_SCHEMA
-        self._requests_schema = (REQUESTS_SCHEMA.append(pa.field("replica", pa.int32())) if replica_column
-                                 else REQUESTS_SCHEMA)
+        self.tier_names = list(tier_names or [])
+        self.tier_hit = np.zeros((len(self.tier_names), n), dtype=np.int32)
+        schema = REQUESTS_SCHEMA
+        for name in self.tier_names:
+            schema = schema.append(pa.field(f"{name}_hit_tokens", pa.int32()))
+        self._requests_schema = schema.append(pa.field("replica", pa.int32())) if replica_column else schema
         self._step_dtypes = [np.dtype(f.type.to_pandas_dtype()) for f in self._steps_schema]
         self.pd_columns = pd_columns
         self.num_prefill = num_prefill
@@ -143,6 +150,8 @@ class Recorder:
         self.drafts[i] = r.num_drafts
         self.draft_tokens[i] = r.num_draft_tokens_total
         self.accepted[i] = r.num_accepted_tokens
+        if r.tier_hit_tokens is not None:
+            self.tier_hit[:, i] = r.tier_hit_tokens
         self.status[i] = 0
 
     def request_unfinished(self, r: Request) -> None:
@@ -262,6 +271,8 @@ class Recorder:
             "status": pa.array(status_names[self.status[sel]].tolist(), pa.string()),
             "reject_reason": pa.array([self.reject_reason.get(int(i)) for i in sel], pa.string()),
         }
+        for k, name in enumerate(self.tier_names):
+            cols[f"{name}_hit_tokens"] = pa.array(self.tier_hit[k][sel])
         if self.replica_column:
             cols["replica"] = pa.array(self.replica[sel], mask=self.replica[sel] < 0)
         if self.pd_columns is not None:

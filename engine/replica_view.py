@@ -23,10 +23,12 @@ Answers:
   the last token, so a full hit on the whole prompt gives back one block; that is the engine's
   business, not the router's).
 
-Tiers. Every block answer is about the GPU tier (G1). When routers come to weigh the host tier
-(G2, engine/offload.py) and beyond, the view gains per-tier answers beside these (for example
-``prefix_hit_blocks_by_tier(runs)`` giving the leading run found in G1, then continued in G2) and
-the existing names keep meaning G1, so routers written against today's view keep their outputs.
+- ``tier_hit_tokens(req, gpu_hit_tokens, now_ms)``: per KV tier after the GPU (G2 as ``host`` first, then
+  ``kv_cache.tiers``), the tokens a lookup of ``req`` would take from it now, continuing a GPU hit of
+  ``gpu_hit_tokens`` (docs/kv-tiers.md); empty without tiers. What Dynamo's router learns from the
+  tiers' KV events.
+
+Every other block answer is about the GPU tier (G1).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from replay.engine.core import EngineCore
+    from replay.engine.request import Request
 
 
 class ReplicaView:
@@ -90,6 +93,14 @@ class ReplicaView:
         """Leading blocks of ``runs`` (BlockKeys.key_runs order) held by this replica's GPU prefix
         cache now: a request with these keys would find that many blocks cached here."""
         return len(self._pool.cached_prefix(runs))
+
+    def tier_hit_tokens(self, req: Request, gpu_hit_tokens: int, now_ms: float) -> dict[str, int]:
+        """Per tier after the GPU, in chain order: tokens a lookup of ``req`` would load from it at
+        ``now_ms`` (the routing instant)."""
+        offload = self._core.offload
+        if offload is None:
+            return {}
+        return offload.peek_tier_hits(req, gpu_hit_tokens, now_ms)
 
     def __repr__(self) -> str:
         return (f"ReplicaView(replica={self._core.replica}, waiting={self.num_waiting}, "

@@ -32,6 +32,7 @@ class Request:
         "spec_step", "stores_done_ms", "num_stored_offload_blocks",
         "load_keys", "lookup_memo", "is_prefill_chunk", "padded_drafts",
         "do_remote_prefill", "do_remote_decode", "remote_loading",
+        "tier_hit_tokens", "tier_loads",
     )
 
     def __init__(self, idx: int, request_id: str, arrival_ms: float, num_prompt_tokens: int,
@@ -76,6 +77,8 @@ class Request:
         self.do_remote_prefill = False
         self.do_remote_decode = False
         self.remote_loading = False
+        self.tier_hit_tokens: list[int] | None = None  # KV tiers: hit tokens per tier at first admission
+        self.tier_loads: list = []  # KV tiers: the parts of the load in flight (engine/kv_tiers.py TierLoad)
         self.lookup_memo: tuple | None = None  # G2: (store version, ready bound, start, hits, blocks, key runs, their groups) of the last lookup
 
     @property

@@ -5,11 +5,19 @@ Defaults are the sources' own defaults; each names where it comes from.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Options(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("tier_weights", check_fields=False)
+    @classmethod
+    def _unit_weights(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, w in v.items() if not 0.0 <= w <= 1.0]
+        if bad:
+            raise ValueError(f"tier_weights.{bad[0]}: a weight is a fraction of a GPU hit, in [0, 1]")
+        return v
 
 
 class NoOptions(_Options):
@@ -36,6 +44,10 @@ class KvAwareOptions(_Options):
     # Approximate mode (kv_events: false): Dynamo's router_ttl_secs 120 and a 2^20-block tree cap.
     ttl_s: float = Field(120.0, gt=0.0, allow_inf_nan=False)
     max_tree_blocks: int = Field(1 << 20, gt=0)
+    # Credit for a hit in a KV tier after the GPU, per tier name ("host" = G2), as a fraction of a
+    # GPU hit: Dynamo's --router-host-cache-hit-weight 0.75 and --router-disk-cache-hit-weight 0.25.
+    # Empty (default): tiers are not weighed (the router sees GPU hits only).
+    tier_weights: dict[str, float] = Field(default_factory=dict)
 
 
 class PrefixScoreOptions(_Options):
@@ -48,6 +60,9 @@ class PrefixScoreOptions(_Options):
     max_prefix_blocks: int = Field(256, gt=0)
     lru_capacity_blocks: int | None = Field(None, gt=0)
     precise: bool = False
+    # A block found in a KV tier after the GPU scores this fraction of a matched block, per tier
+    # name ("host" = G2); empty (default): tiers are not weighed.
+    tier_weights: dict[str, float] = Field(default_factory=dict)
 
 
 OPTIONS_BY_ROUTER: dict[str, type[_Options]] = {

@@ -199,7 +199,7 @@ class StepRuns:
             num_cpu_blocks = rows.num_cpu_blocks
             for value in cpu_runs.values:
                 cpu_used.append(value)
-                cpu_usage.append(value / num_cpu_blocks)
+                cpu_usage.append(value / num_cpu_blocks if num_cpu_blocks else 0.0)  # 0: no G2 store
             self.cpu_counts.extend(cpu_runs.counts)
         self.num_rows += n
 

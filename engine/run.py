@@ -28,6 +28,8 @@ from replay.engine.config import EngineConfig
 from replay.engine.core import EngineCore
 from replay.engine.fleet import FleetLoop, ProgressFn
 from replay.engine.fleet_scaling import FleetScaler
+from replay.engine.kv_tier_report import tier_names
+from replay.engine.kv_tiers import TierPools
 from replay.engine.load_window import parse_window
 from replay.engine.output_schema import RUN_FILE
 from replay.engine.pd_outputs import PDRequestColumns
@@ -44,7 +46,7 @@ from replay.engine.run_info import ReplayFacts, build_run_info, trace_fingerprin
 from replay.engine.run_setup import EngineSetup, resolve_setup
 from replay.engine.scaling_output import cost_summary, scaling_summary, write_scaling
 from replay.engine.scheduler import Scheduler
-from replay.engine.scheduler_factory import build_scheduler
+from replay.engine.scheduler_factory import build_scheduler, tier_pools_for
 from replay.engine.slo_capacity import ReplicaCapacity
 from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
 from replay.engine.trace_input import TraceArrays, trace_arrays
@@ -199,6 +201,7 @@ class FleetParts:
     plan: ArrivalPlan
     router: Router | None  # None for a single replica
     sampler: AcceptanceSampler | None = None  # MTP draws, shared by every replica (new ones too)
+    tier_pools: TierPools | None = None  # kv_cache.tiers: the fleet's tiers (cluster ones shared)
 
 
 def build_fleet_parts(trace: TraceArrays, config: EngineConfig, setup: EngineSetup,
@@ -209,8 +212,10 @@ def build_fleet_parts(trace: TraceArrays, config: EngineConfig, setup: EngineSet
         sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
     fleet = config.fleet
     num_replicas = initial_replicas(config)
+    tier_pools = tier_pools_for(config, setup.kv_bytes_per_token)  # cluster tiers: one pool for all
     schedulers = [build_scheduler(config, setup.num_gpu_blocks, setup.max_model_len, sampler=sampler,
-                                  kv_bytes_per_token=setup.kv_bytes_per_token) for _ in range(num_replicas)]
+                                  kv_bytes_per_token=setup.kv_bytes_per_token, tier_pools=tier_pools, replica=i)
+                  for i in range(num_replicas)]
     plan = plan_arrivals(trace, config.load, config.seed, selected)
     router = None
     autoscale = fleet.autoscale if fleet is not None else None
@@ -220,7 +225,8 @@ def build_fleet_parts(trace: TraceArrays, config: EngineConfig, setup: EngineSet
         ctx = RouterContext(num_replicas=ids, block_size=config.kv_cache.block_size,
                             num_gpu_blocks=setup.num_gpu_blocks, seed=config.seed, trace=trace)
         router = build_router(fleet.router, fleet.router_options, ctx)
-    return FleetParts(schedulers=schedulers, plan=plan, router=router, sampler=sampler)
+    return FleetParts(schedulers=schedulers, plan=plan, router=router, sampler=sampler,
+                      tier_pools=tier_pools)
 
 
 def initial_replicas(config: EngineConfig) -> int:
@@ -277,6 +283,8 @@ def run_fleet(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, part
                      hash_lookahead=parts.schedulers[0].kv.hash_lookahead, rejected=requests.rejected,
                      router_latency_ms=fleet.router_latency_ms if fleet else 0.0, progress=progress,
                      control=scaler, admission=admission)
+    if parts.tier_pools is not None:
+        parts.tier_pools.set_clock(lambda: loop.now)
     try:
         loop.run()
     except BaseException:
@@ -350,7 +358,8 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
             loop: FleetLoop = pd_loop
         else:
             scaled = config.fleet is not None and config.fleet.autoscale is not None
-            recorder = Recorder(trace, tmp, replica_column=len(parts.schedulers) > 1 or scaled)
+            recorder = Recorder(trace, tmp, replica_column=len(parts.schedulers) > 1 or scaled,
+                                tier_names=tier_names(config))
             loop = run_fleet(trace, config, setup, parts, requests, recorder, progress=progress,
                              fast_forward=fast_forward, check_invariants=check_invariants)
         scaler = loop.control if isinstance(loop.control, FleetScaler) else None

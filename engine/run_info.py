@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from replay.base.version import __version__
 from replay.engine.fleet_summary import fleet_summary
+from replay.engine.kv_tier_report import tier_summary
 from replay.engine.native import core_kind
 
 if TYPE_CHECKING:  # annotations only: run.py imports this module
@@ -157,4 +158,6 @@ def build_run_info(facts: ReplayFacts) -> dict:
         info["pools"] = facts.pools
     elif config.fleet is not None:
         info["fleet"] = fleet_summary(cores, facts.recorder, facts.selected, facts.simulated_span_ms)
+    if config.kv_cache.tiers:
+        info["kv_tiers"] = tier_summary(cores, totals["prefix_query_tokens"], facts.simulated_span_ms)
     return info

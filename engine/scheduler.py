@@ -266,7 +266,10 @@ class Scheduler:
 
             if num_external:
                 # Asynchronous H2D load: hold GPU blocks for local + external tokens, wait for the copy.
-                if not self._admission_fits(r, new_computed, known, running):
+                # vLLM 0.33 admits it only if it fits beside the blocks the loads already in flight
+                # still need for their whole prompts (_inflight_prefill_reserved_blocks): a load holds
+                # its blocks and cannot be preempted, so loads must not starve each other.
+                if not self._admission_fits(r, new_computed, known, running, offload.reserved_blocks()):
                     break
                 if not kv.allocate_slots(r, num_external, new_computed, 0, delay_cache=True):
                     break
@@ -350,7 +353,7 @@ class Scheduler:
         return not self._admission_fits(r, hits, r.num_prompt_tokens + r.num_output_tokens, self.running)
 
     def _admission_fits(self, r: Request, new_computed: list[int], known: int,
-                        running: list[Request]) -> bool:
+                        running: list[Request], reserved: int = 0) -> bool:
         """vLLM >= 0.19 full-prompt gate (+ watermark when others run); [0.11] no gate.
 
         vLLM 0.33 (allocate_slots, full_sequence_must_fit): room for every known token, lookahead
@@ -359,7 +362,7 @@ class Scheduler:
         lim = self.limits
         if not lim.reserve_full_isl:
             return True
-        need = self.kv.num_blocks_to_admit(r, new_computed, known)
+        need = self.kv.num_blocks_to_admit(r, new_computed, known) + reserved
         if running:
             need += lim.watermark_blocks
         return need <= self.kv.pool.get_num_free_blocks()
@@ -371,6 +374,8 @@ class Scheduler:
             self.prefix_query_tokens += r.num_prompt_tokens
             self.prefix_hit_tokens += num_local
             self.cpu_hit_tokens += num_external
+            if self.offload is not None and self.offload.has_curves:
+                self.offload.first_admission(r)
 
     # ------------------------------------------------------------------ update
     def update_from_output(self, out: SchedulerOutput, end_ms: float, finished: list[Request],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from replay.engine.config import EngineConfig
 from replay.engine.kv_cache_manager import KVCacheManager
+from replay.engine.kv_tiers import TierPools
 from replay.engine.models import get_model
 from replay.engine.offload import OffloadManager
 from replay.engine.scheduler import Scheduler, SchedulerLimits
@@ -34,7 +35,7 @@ def kv_cache_manager_for(config: EngineConfig, num_gpu_blocks: int, kv_connector
     la = prefill_lookahead(config) if (k and not v011) else 0
     # [0.33] VllmConfig.num_hash_lookahead_tokens: the prefill lookahead, but 0 (legacy hashes, and
     # so the EAGLE/MTP last-block drop) under a KV connector such as the G2 OffloadingConnector.
-    connector = config.host_offload is not None or kv_connector
+    connector = config.host_offload is not None or kv_connector or bool(config.kv_cache.tiers)
     kv = KVCacheManager(num_gpu_blocks, config.kv_cache.block_size, caching,
                         hash_lookahead=la if (caching and not connector) else 0,
                         drop_last_hit=bool(k and (v011 or connector)),
@@ -60,18 +61,35 @@ def scheduler_limits_for(config: EngineConfig, num_gpu_blocks: int, max_model_le
     )
 
 
+def tier_pools_for(config: EngineConfig, kv_bytes_per_token: int = 0) -> TierPools | None:
+    """The fleet's KV tiers below G2 (cluster tiers built once, shared by every replica), or None."""
+    if not config.kv_cache.tiers:
+        return None
+    host = config.host_offload
+    block_size = (host.block_size if host is not None else None) or config.kv_cache.block_size
+    return TierPools(config.kv_cache.tiers, block_size,
+                     block_size * (kv_bytes_per_token or config.kv_bytes_per_token()))
+
+
 def build_scheduler(config: EngineConfig, num_gpu_blocks: int, max_model_len: int, *,
                     sampler: AcceptanceSampler | None = None, kv_bytes_per_token: int = 0,
-                    kv_connector: bool = False) -> Scheduler:
+                    kv_connector: bool = False, tier_pools: TierPools | None = None,
+                    replica: int = 0) -> Scheduler:
     """One replica's scheduler as ``replay run`` builds it: its own KV cache and, with
-    ``host_offload``, its own G2 tier (replicas share nothing else). ``sampler`` draws MTP
-    acceptance (a fleet's replicas share one); built from the config when not given.
-    ``kv_bytes_per_token`` prices G2 copies (the config's own figure when 0)."""
+    ``host_offload``, its own G2 tier; with ``kv_cache.tiers``, its chain of tiers from
+    ``tier_pools`` (the fleet's, sharing cluster tiers; built for one replica when not given).
+    ``sampler`` draws MTP acceptance (a fleet's replicas share one); built from the config when
+    not given. ``kv_bytes_per_token`` prices G2 and tier copies (the config's own figure when 0)."""
     kv = kv_cache_manager_for(config, num_gpu_blocks, kv_connector)
     if sampler is None and config.speculative is not None:
         sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
     offload = None
-    if config.host_offload is not None:
+    if config.kv_cache.tiers:
+        pools = tier_pools or tier_pools_for(config, kv_bytes_per_token)
+        assert pools is not None
+        offload = OffloadManager(config.host_offload, kv, kv_bytes_per_token or config.kv_bytes_per_token(),
+                                 lower=pools.chain_for(replica))
+    elif config.host_offload is not None:
         offload = OffloadManager(config.host_offload, kv, kv_bytes_per_token or config.kv_bytes_per_token())
     limits = scheduler_limits_for(config, num_gpu_blocks, max_model_len)
     return Scheduler(limits, kv, sampler, offload)

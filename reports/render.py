@@ -17,6 +17,7 @@ from replay.reports.configdiff import differing
 from replay.reports.disagg import disagg_section
 from replay.reports.fleet import fleet_section
 from replay.reports.fmt import DASH, md_table, num
+from replay.reports.kv_tiers import kv_tiers_section
 from replay.reports.metrics import LATENCIES, SUMMARY_PERCENTILES, TURN_CAP, RunMetrics, falling_behind
 from replay.reports.over_time import over_time_section
 
@@ -205,6 +206,7 @@ def render_report(m: RunMetrics, info: dict[str, Any], outdir: Path, charts: dic
         if name in charts:
             lines += [f"![{alt}]({charts[name]})", ""]
     lines += _reuse_section(m, charts.get("reuse_by_turn")) + [""]
+    lines += kv_tiers_section(info)
     if m.fleet is not None:
         lines += fleet_section(m.fleet, m.reuse, m.ideal, charts.get("fleet_load"))
     if m.disagg is not None:

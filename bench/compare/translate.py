@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.compare.translate_tiers import TierTranslationError, translate_tiers
 from replay.engine.config import EngineConfig
 
 # Our catalog names (vLLM / Hugging Face ids) -> AISimulate's bundled model configs.
@@ -152,6 +153,10 @@ def translate(cfg: EngineConfig, traffic: PeerTraffic) -> Translation:
             "h2d_bandwidth_gbps": ho.h2d_gbps,
             "latency_to_first_byte_ms": ho.latency_us / 1000.0,
         }
+    try:
+        translate_tiers(cfg, kv_peer, notes)
+    except TierTranslationError as exc:
+        raise TranslationError(str(exc)) from None
 
     load = cfg.load
     if load.mode == "trace_timestamps":

@@ -89,6 +89,7 @@ class KvAwareRouter(Router):
         self.active: list[dict[int, int]] = [{} for _ in range(self.n)]  # key -> active requests holding it
         self.prefill_tokens = [0] * self.n
         self.prefilling: list[list[tuple[Request, int]]] = [[] for _ in range(self.n)]
+        self.tier_weights = options.tier_weights
         self.approx = (None if self.kv_events else
                        [ApproxIndex(options.ttl_s * 1000.0, options.max_tree_blocks) for _ in range(self.n)])
 
@@ -129,6 +130,9 @@ class KvAwareRouter(Router):
             self._settle_prefills(w)
             overlap = self._overlap(pos, replicas, keys, runs, now_ms)
             new = isl - overlap * bs
+            if self.tier_weights:  # Dynamo's overlap credit for hits in host and disk tiers
+                tiers = replicas[w].tier_hit_tokens(req, overlap * bs, now_ms)
+                new -= int(sum([self.tier_weights.get(name, 0.0) * t for name, t in tiers.items()]))
             if new < 0:
                 new = 0
             active = self.active[w]

@@ -47,6 +47,7 @@ class PrefixScoreRouter(Router):
         self.precise = options.precise
         self.capacity = options.lru_capacity_blocks or ctx.num_gpu_blocks
         self.lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(self.n)]
+        self.tier_weights = options.tier_weights
 
     def _request_blocks(self, req: Request) -> tuple[int, int | None]:
         """(full blocks counted, key of the partial tail block or None)."""
@@ -91,7 +92,12 @@ class PrefixScoreRouter(Router):
         for w in range(n):
             queue = 1.0 if qmax == qmin else (qmax - queues[w]) / (qmax - qmin)
             kv = 1.0 - replicas[w].kv_usage()
-            prefix = matches[w] / n_keys if n_keys else 0.0
+            matched = float(matches[w])
+            if self.tier_weights and n_keys:  # blocks found in KV tiers after the GPU, discounted
+                tiers = replicas[w].tier_hit_tokens(req, matches[w] * self.ctx.block_size, now_ms)
+                matched += sum([self.tier_weights.get(name, 0.0) * t for name, t in tiers.items()]) / self.ctx.block_size
+                matched = min(matched, float(n_keys))
+            prefix = matched / n_keys if n_keys else 0.0
             totals.append(self.w_queue * queue + self.w_kv * min(max(kv, 0.0), 1.0) + self.w_prefix * prefix)
         w = self._pick_min([-t for t in totals])
         if not self.precise:

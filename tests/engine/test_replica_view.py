@@ -87,7 +87,7 @@ def test_the_view_is_read_only_and_hands_out_no_engine_object(fleet):
     v0 = fleet[0]
     public = sorted(n for n in dir(v0) if not n.startswith("_"))
     assert public == ["kv_usage", "num_free_blocks", "num_running", "num_usable_blocks", "num_waiting",
-                      "prefix_hit_blocks", "replica", "waiting_prompt_tokens"]
+                      "prefix_hit_blocks", "replica", "tier_hit_tokens", "waiting_prompt_tokens"]
     for name in public:
         value = getattr(v0, name)
         if callable(value):

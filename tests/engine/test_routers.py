@@ -28,6 +28,9 @@ class StubView:
     def kv_usage(self) -> float:
         return self._usage
 
+    def tier_hit_tokens(self, req, gpu_hit_tokens: int, now_ms: float) -> dict[str, int]:
+        return {}
+
     def waiting_prompt_tokens(self) -> int:
         return 0
 

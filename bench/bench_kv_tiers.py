@@ -1,0 +1,71 @@
+"""KV tiers benchmark: the cost of a three-tier chain on a fleet, as a ratio to the same fleet without.
+
+    python bench/bench_kv_tiers.py                        # 8 replicas, first 3,000 Mooncake requests, 3 reps
+    python bench/bench_kv_tiers.py --max-requests 12000 --reps 5
+
+Each replay is its own `replay run -q` process (bench/bench_fleet.py's runner). The two configs
+alternate within each repetition (no tiers, three tiers, no tiers, ...) so both see the same machine
+load; the figure is the median over repetitions of wall(three tiers) / wall(no tiers). The three
+tiers: G2 host memory (`host_offload`), an on-evict local disk and a write-through cluster pool;
+they find hits the plain fleet does not, so the two runs also differ in steps (printed beside).
+Results go to bench/results/kv-tiers.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from bench.bench_fleet import CONFIGS, MOONCAKE, RESULTS, replay_run  # noqa: E402
+
+TIERS = ("kv_cache.tiers=[{name: ssd, medium: disk, store: on_evict, size_gb: 2000, read_gb_per_s: 6, "
+         "write_gb_per_s: 3, latency_ms: 0.1, replicas_per_node: 8}, {name: pool, medium: remote, "
+         "scope: cluster, size_gb: 20000, read_gb_per_s: 25, write_gb_per_s: 25, pool_read_gb_per_s: 200, "
+         "pool_write_gb_per_s: 200, latency_ms: 1.0}]")
+HOST = "host_offload.size_gib=200"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--replicas", type=int, default=8)
+    ap.add_argument("--max-requests", type=int, default=3000)
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    base = [f"fleet.replicas={args.replicas}", f"load.max_requests={args.max_requests}"]
+    variants = {"no tiers": base, "three tiers": base + [HOST, TIERS]}
+    walls: dict[str, list[float]] = {k: [] for k in variants}
+    facts: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-kv-tiers-") as tmp:
+        for rep in range(args.reps):
+            for name, sets in variants.items():
+                out = Path(tmp) / f"{name.replace(' ', '-')}-{rep}"
+                res = replay_run(MOONCAKE, out, CONFIGS / "mooncake-fleet8.yaml", sets)
+                walls[name].append(res["wall_s"])
+                t = res["info"]["totals"]
+                facts[name] = {"steps": t["steps"], "prefix_hit_tokens": t["prefix_hit_tokens"],
+                               "cpu_hit_tokens": t["cpu_hit_tokens"], "peak_rss_mib": res["peak_rss_mib"]}
+    ratios = [b / a for a, b in zip(walls["no tiers"], walls["three tiers"], strict=True)]
+    result = {"replicas": args.replicas, "max_requests": args.max_requests, "walls_s": walls,
+              "ratio_median": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios],
+              "facts": facts}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "kv-tiers.json").write_text(json.dumps(result, indent=2) + "\n")
+    print("| config | wall s (median) | steps | GPU hit tokens | tier hit tokens |")
+    print("|---|---:|---:|---:|---:|")
+    for name in variants:
+        f = facts[name]
+        print(f"| {name} | {statistics.median(walls[name]):.2f} | {f['steps']:,} | {f['prefix_hit_tokens']:,} | "
+              f"{f['cpu_hit_tokens']:,} |")
+    print(f"\nwall(three tiers) / wall(no tiers): median {result['ratio_median']} over {args.reps} reps "
+          f"({', '.join(map(str, result['ratios']))}); target <= 1.3")
+
+
+if __name__ == "__main__":
+    main()
