@@ -269,7 +269,8 @@ class Scheduler:
                 # vLLM 0.33 admits it only if it fits beside the blocks the loads already in flight
                 # still need for their whole prompts (_inflight_prefill_reserved_blocks): a load holds
                 # its blocks and cannot be preempted, so loads must not starve each other.
-                if not self._admission_fits(r, new_computed, known, running, offload.reserved_blocks()):
+                reserved = offload.reserved_blocks() if offload is not None else 0
+                if not self._admission_fits(r, new_computed, known, running, reserved):
                     break
                 if not kv.allocate_slots(r, num_external, new_computed, 0, delay_cache=True):
                     break
