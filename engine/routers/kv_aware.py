@@ -131,7 +131,7 @@ class KvAwareRouter(Router):
             overlap = self._overlap(pos, replicas, keys, runs, now_ms)
             new = isl - overlap * bs
             if self.tier_weights:  # Dynamo's overlap credit for hits in host and disk tiers
-                tiers = replicas[w].tier_hit_tokens(req, overlap * bs, now_ms)
+                tiers = view.tier_hit_tokens(req, overlap * bs, now_ms)
                 new -= int(sum([self.tier_weights.get(name, 0.0) * t for name, t in tiers.items()]))
             if new < 0:
                 new = 0
