@@ -136,7 +136,11 @@ def check_config_key(key: str, flag: str = "--grid") -> None:
     ``fleet.router_options.*``) are left to the config's own validation."""
     model: type[BaseModel] = EngineConfig
     parts = key.split(".")
+    named = False  # the previous part was a list of named entries: this part names one
     for i, part in enumerate(parts):
+        if named:
+            named = False
+            continue
         field = model.model_fields.get(part)
         where = ".".join(parts[:i + 1])
         if field is None:
@@ -147,6 +151,7 @@ def check_config_key(key: str, flag: str = "--grid") -> None:
             if i < len(parts) - 1 and typing.get_origin(field.annotation) is not dict and field.annotation is not dict:
                 raise ConfigError(f"{flag} {key}: {where!r} is a value, not a section")
             return
+        named = typing.get_origin(field.annotation) is list  # kv_cache.tiers.<name>.<key>
         model = section
 
 

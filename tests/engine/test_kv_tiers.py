@@ -345,3 +345,11 @@ def test_two_requests_of_one_step_offer_the_same_prefix(tmp_path):
     (ssd,) = info["kv_tiers"]
     # C sends block 5, still in flight when the replay ends (so not held).
     assert ssd["blocks_written"] == 3 + 3 + 1 and ssd["blocks_held"] == 4
+
+
+def test_sweep_keys_address_a_tier_by_name():
+    from replay.sweep.grid import check_config_key
+
+    check_config_key("kv_cache.tiers.ssd.num_blocks", "--vary")
+    with pytest.raises(ConfigError, match="unknown config key"):
+        check_config_key("kv_cache.tierz.ssd.num_blocks", "--vary")
