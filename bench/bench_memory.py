@@ -13,8 +13,9 @@ Fixtures, under --work (kept, and reused with --reuse; delete the directory when
 * ``reports/``: a 1 M-request trace and two replay outputs of it built without the engine
   (tests/reports_fixtures.py, as bench/bench_reports.py: about 19 M chunk rows), and a denser output of
   a second 1 M-request trace at 278 requests/s (about 51 M chunk rows, 50 M pooled ITL samples);
-* ``reports-dense4/``: that dense output with every chunk row repeated four times (+0, 0.25, 0.5,
-  0.75 ms): 204 M chunk rows, about 200 per request, the scale of a real 1 M-request replay (219.7 M);
+* ``reports-dense4/``: that dense output with every step cut into four quarter steps and every chunk
+  run four times as long: 204 M chunks, about 200 per request, the scale of a real 1 M-request replay
+  (219.7 M), still about 1 M runs (chunks.parquet stores runs, engine/output_schema.py);
 * ``trace10m.parquet``: a 10 M-row canonical trace with hash ids (tests/reports_fixtures.py, about 8
   hash ids a row);
 * ``azure10m.csv`` and ``azure10m_ooo.csv``: the 10 M-row Azure-style CSV of bench/bench_ingest.py, and
@@ -98,23 +99,29 @@ def _child(kind: str, work: Path) -> None:
             write_run(root / "b", trace, RunSpec(seed=2, latency_scale=1.3,
                                                  config_overrides=(("scheduler.max_num_seqs", 256),)))
     elif kind == "reports-dense4":
-        import pyarrow.compute as pc
+        import numpy as np
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         if not _built("reports-dense", work):
             _child("reports-dense", work)
         src, dst = work / "reports-dense" / "a", work / "reports-dense4" / "a"
         dst.mkdir(parents=True, exist_ok=True)
-        for name in ("requests.parquet", "steps.parquet", "run.json"):
+        for name in ("requests.parquet", "run.json"):
             shutil.copyfile(src / name, dst / name)
-        chunks = pq.ParquetFile(src / "chunks.parquet")
-        col = chunks.schema_arrow.get_field_index("time_ms")
+        steps = pq.read_table(src / "steps.parquet")
+        quarter = steps.column("duration_ms").to_numpy() / 4
+        start = steps.column("start_ms").to_numpy()
+        cols = {name: np.repeat(steps.column(name).to_numpy(), 4) for name in steps.schema.names}
+        cols["step"] = np.arange(4 * len(start), dtype=np.int64)
+        cols["start_ms"] = (start[:, None] + quarter[:, None] * np.arange(4)).ravel()
+        cols["duration_ms"] = np.repeat(quarter, 4)
+        pq.write_table(pa.table(cols, schema=steps.schema), dst / "steps.parquet")
+        runs = pq.read_table(src / "chunks.parquet")
+        runs = runs.set_column(2, "first_step", pa.array(runs.column("first_step").to_numpy() * 4))
+        runs = runs.set_column(3, "num_steps", pa.array(runs.column("num_steps").to_numpy() * 4))
         tmp = dst / "chunks.parquet.part"  # renamed when complete: chunks.parquet marks the fixture built
-        with pq.ParquetWriter(tmp, chunks.schema_arrow) as writer:
-            for i in range(chunks.metadata.num_row_groups):
-                group = chunks.read_row_group(i)
-                for k in range(4):
-                    writer.write_table(group.set_column(col, "time_ms", pc.add(group.column(col), 0.25 * k)))
+        pq.write_table(runs, tmp)
         tmp.rename(dst / "chunks.parquet")
     elif kind == "trace10m":
         from tests.reports_fixtures import TraceSpec, write_trace

@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,10 +59,12 @@ def main() -> None:
             write_run(a, trace, RunSpec(seed=1))
             write_run(b, trace, RunSpec(seed=2, latency_scale=1.3, config_overrides=(("scheduler.max_num_seqs", 256),)))
         gen = time.perf_counter() - t0
-        chunks = pq.read_metadata(a / "chunks.parquet").num_rows
+        runs = pq.read_table(a / "chunks.parquet", columns=["num_steps"]).column("num_steps")
+        chunks = int(pa.compute.sum(runs).as_py())
         steps = pq.read_metadata(a / "steps.parquet").num_rows
         ids = pq.read_table(trace, columns=["hash_ids"]).column("hash_ids").combine_chunks().values
-        print(f"built in {gen:.1f} s: {pq.read_metadata(trace).num_rows:,} requests, {chunks:,} chunk rows, {steps:,} steps, "
+        print(f"built in {gen:.1f} s: {pq.read_metadata(trace).num_rows:,} requests, {chunks:,} chunks in {len(runs):,} runs, "
+              f"{steps:,} steps, "
               f"{len(ids):,} trace hash ids (per run)")
         t_base, _ = _timed(lambda: read_all(a))
         t_report, _ = _timed(lambda: write_report(a, root / "out" / "report.md", slo=Slo(ttft=500, tpot=50)))

@@ -45,7 +45,11 @@ def merge_requests(folders: list[Path], rows: list[np.ndarray], offsets: list[in
     """The clusters' requests files as one, in trace order (``rows``: each file's trace rows)."""
     tables = [_offset_replicas(pq.read_table(f / REQUESTS_FILE), off) for f, off in zip(folders, offsets)]
     table = pa.concat_tables(tables)
-    order = np.argsort(np.concatenate(rows), kind="stable")
+    every = np.concatenate(rows)
+    if not np.array_equal(np.sort(every), np.arange(len(every))):
+        # chunks.parquet's runs name each request by its trace row, its row in this file
+        raise RuntimeError("the clusters' requests are not the trace's first rows, each once")
+    order = np.argsort(every, kind="stable")
     table = table.take(pa.array(order))
     pq.write_table(table, dst / REQUESTS_FILE, row_group_size=_ROWS_PER_GROUP, **_WRITE_OPTIONS)
 

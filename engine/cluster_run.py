@@ -102,7 +102,7 @@ def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup,
         ctx = RouterContext(num_replicas=per, block_size=config.kv_cache.block_size,
                             num_gpu_blocks=setup.num_gpu_blocks, seed=config.seed + cp.cluster, trace=trace)
         router = build_router(fleet.router, fleet.router_options, ctx)
-    recorder = Recorder(trace, outdir, replica_column=True)
+    recorder = Recorder(trace, outdir, replica_column=True, cluster_part=True)
     cores = [EngineCore(i, sched, setup.timer, recorder, check_invariants=check_invariants)
              for i, sched in enumerate(schedulers)]
     loop = FleetLoop(trace, cp.plan, cores, router, recorder, block_size=config.kv_cache.block_size,

@@ -182,12 +182,12 @@ class EngineCore:
         sched = self.sched
         rec = self.rec
         finished: list[Request] = []
-        chunk_reqs: list[int] = []
+        chunk_reqs: list[Request] = []
         chunk_tokens: list[int] = []
         drafts, accepted = sched.update_from_output(out, end, finished, chunk_reqs, chunk_tokens)
         emits = self.emits_tokens
         if chunk_reqs and emits:
-            rec.emit_chunks(chunk_reqs, end, chunk_tokens)
+            rec.emit_chunks(chunk_reqs, self.step_idx, self.replica, chunk_tokens)
         for r in finished:
             if emits:
                 rec.request_finished(r)

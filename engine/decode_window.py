@@ -373,7 +373,7 @@ class _DecodeWindow:
             first_step, times[:s], clock.durations[:s], self.nrun, len(sched.waiting),
             sched.kv.pool.num_gpu_blocks - 1, self.free_blocks, self.bytes_stored, self.cpu_blocks_used,
             offload.num_cpu_blocks if offload is not None else 0, replica.replica, running_after))
-        rec.emit_decode_chunks([r.idx for r in self.running], times[1:s + 1])
+        rec.emit_decode_chunks(self.running, first_step, s, replica.replica)
 
 
 def _finishes_at(r: Request, max_model_len: int) -> int:

@@ -46,7 +46,24 @@ REQUESTS_SCHEMA = pa.schema(
     ]
 )
 
+# chunks.parquet: every output chunk, exactly, stored as runs. A run is one request's chunks at the
+# ends of ``num_steps`` consecutive steps of one replica, each ``tokens`` tokens; the chunk of step s
+# is at that step's end, ``start_ms + duration_ms`` of its row in steps.parquet (the very double the
+# engine emitted it at). A request that decodes without interruption is one run; preemption, a
+# change of replica or an MTP step emitting another token count starts a new one. The reports'
+# ``chunks`` view expands the runs into CHUNK_ROWS_SCHEMA (reports/views.py).
 CHUNKS_SCHEMA = pa.schema(
+    [
+        ("request", pa.int32()),      # the request's row in requests.parquet
+        ("replica", pa.int32()),      # 0 in a single-replica run
+        ("first_step", pa.int64()),   # steps.parquet `step` of the run's first chunk
+        ("num_steps", pa.int32()),
+        ("tokens", pa.int32()),       # output tokens in each chunk (>1 only with MTP)
+    ]
+)
+
+# One row per output chunk: the `chunks` view; also the layout of chunks.parquet before runs (still read).
+CHUNK_ROWS_SCHEMA = pa.schema(
     [
         ("request_id", pa.string()),
         ("time_ms", pa.float64()),  # end of the step that emitted the chunk

@@ -1,8 +1,13 @@
 """Collects what each request and step experienced, and writes the output Parquet files.
 
 Per-request results live in preallocated numpy columns (a request object is dropped once it
-finishes); chunks and steps are buffered as runs (engine/row_runs.py) and stream into Parquet row
-groups, expanded and written on a second thread, so memory stays bounded.
+finishes); steps are buffered as runs (engine/row_runs.py) and stream into Parquet row groups,
+expanded and written on a second thread, so memory stays bounded. Output chunks are written as runs
+(engine/output_schema.py, CHUNKS_SCHEMA): each request carries its open run, which a chunk at the
+next step of the same replica with the same token count extends (a decode window extends every
+running request's run by the window's length at once); anything else closes it into the buffer, as
+does the request's end. The file grows with runs (about one per request without preemption), not
+with tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import pyarrow.parquet as pq
 from replay.base.parquet_io import CHECKSUMS
 from replay.engine.background_writer import BackgroundWriter
 from replay.engine.output_schema import (
+    CHUNKS_FILE,
     CHUNKS_SCHEMA,
     REQUESTS_SCHEMA,
     STATUS_FINISHED,
@@ -25,10 +31,11 @@ from replay.engine.output_schema import (
 )
 from replay.engine.pd_outputs import PD_REQUEST_FIELDS, POOL_FIELD, PDRequestColumns, pool_step_columns
 from replay.engine.request import Request
-from replay.engine.row_runs import ChunkRuns, ColumnCutter, StepRow, StepRuns, WindowRows
+from replay.engine.row_runs import ChunkRunRows, ColumnCutter, StepRow, StepRuns, WindowRows
 from replay.engine.trace_input import TraceArrays
 
 _ROW_GROUP = 1 << 20
+_CHUNK_RUNS_BUFFERED = 1 << 18  # closed chunk runs buffered before they go to the writer thread
 _STEP_ROWS_BUFFERED = 1 << 16  # step rows buffered before a row group is written
 
 # Parquet writer settings fixed here so that identical runs give identical bytes.
@@ -37,24 +44,28 @@ _PARQUET_OPTS = dict(compression="snappy", write_statistics=True, use_dictionary
 
 
 def _stream_opts(schema: pa.Schema) -> dict:
-    """The streamed files (steps, chunks: tens of millions of rows) dictionary-encode only their
-    integer and string columns. Their float columns (times, durations, usage) almost never repeat,
+    """The streamed steps file (tens of millions of rows) dictionary-encodes only its integer
+    columns. Their float columns (times, durations, usage) almost never repeat,
     so a dictionary page is tried, overflows and falls back on every row group: half of the writer
     thread's time for 15% smaller steps files (measured on 2 M steps and 4 M chunk rows of the
-    32-replica replay: steps 0.78 -> 0.39 s, 33.0 -> 37.9 MB; chunks 0.39 -> 0.23 s, same size)."""
+    32-replica replay: steps 0.78 -> 0.39 s, 33.0 -> 37.9 MB). chunks.parquet holds integer runs only."""
     return dict(_PARQUET_OPTS, use_dictionary=[f.name for f in schema if not pa.types.is_floating(f.type)])
 
 
 class Recorder:
     def __init__(self, trace: TraceArrays, outdir: Path, *, replica_column: bool = False,
                  pd_columns: PDRequestColumns | None = None, num_prefill: int = 0,
-                 tier_names: list[str] | None = None) -> None:
+                 tier_names: list[str] | None = None, cluster_part: bool = False) -> None:
         """``replica_column``: a fleet of more than one replica adds a ``replica`` column to
         requests.parquet and steps.parquet (a fleet of one writes exactly the single-engine files).
         ``pd_columns``: a disaggregated fleet (``num_prefill`` prefill replicas numbered first) adds
         its request columns and a ``pool`` column on steps (engine/pd_outputs.py).
         ``tier_names``: the KV tier chain (G2 first when present) adds one ``<name>_hit_tokens``
         column per tier to requests.parquet (none without ``kv_cache.tiers``)."""
+        # ``cluster_part``: one cluster of a fleet (engine/cluster_run.py). Its chunk runs name trace
+        # rows, which are rows of the merged requests file (engine/cluster_merge.py checks), not of
+        # the cluster's own.
+        self.cluster_part = cluster_part
         n = len(trace)
         self.trace = trace
         self.outdir = outdir
@@ -91,12 +102,13 @@ class Recorder:
             for field in PD_REQUEST_FIELDS:
                 self._requests_schema = self._requests_schema.append(field)
         # Pending rows as runs, handed whole to the writer thread (which cuts exact row groups).
-        self._chunk_runs = ChunkRuns()
+        self._chunk_runs = ChunkRunRows()
+        self._open_runs = 0  # requests with an open chunk run (all closed by the end of the replay)
         self._step_runs = StepRuns(replica_column)
         self._chunk_cutter = ColumnCutter(_ROW_GROUP)
         self._step_cutter = ColumnCutter(_STEP_ROWS_BUFFERED)
         self._request_ids = pa.array(trace.request_id, pa.string())
-        self._chunk_writer = pq.ParquetWriter(outdir / "chunks.parquet", CHUNKS_SCHEMA, **_stream_opts(CHUNKS_SCHEMA))
+        self._chunk_writer = pq.ParquetWriter(outdir / CHUNKS_FILE, CHUNKS_SCHEMA, **_PARQUET_OPTS)
         self._step_writer = pq.ParquetWriter(outdir / "steps.parquet", self._steps_schema,
                                              **_stream_opts(self._steps_schema))
         self._writes = BackgroundWriter()  # row groups are encoded and written on a second thread
@@ -104,19 +116,53 @@ class Recorder:
         self.num_steps = 0
 
     # -- hot path ------------------------------------------------------------------------------
-    def emit_chunks(self, reqs: list[int], time_ms: float, tokens: list[int]) -> None:
-        """Chunks of one step (all emitted at the step's end); ``tokens`` empty: one token each."""
-        runs = self._chunk_runs
-        runs.add_step(reqs, time_ms, tokens)
-        if runs.num_rows >= _ROW_GROUP:
-            self._flush_chunks()
+    def emit_chunks(self, reqs: list[Request], step: int, replica: int, tokens: list[int]) -> None:
+        """Chunks of step ``step`` of ``replica`` (all emitted at the step's end); ``tokens`` empty:
+        one token each."""
+        if tokens:
+            for j in range(len(reqs)):
+                self._chunk(reqs[j], step, replica, tokens[j])
+        else:
+            for r in reqs:
+                self._chunk(r, step, replica, 1)
+        self.num_chunks += len(reqs)
 
-    def emit_decode_chunks(self, reqs: list[int], ends: list[float]) -> None:
-        """A decode window's chunks: at the end of each step, one token for each of ``reqs`` (in
-        running order)."""
+    def _chunk(self, r: Request, step: int, replica: int, tokens: int) -> None:
+        if (r.run_steps and r.run_first_step + r.run_steps == step and r.run_replica == replica
+                and r.run_tokens == tokens):
+            r.run_steps += 1
+            return
+        if r.run_steps:
+            self._close_run(r)
+        self._open_runs += 1
+        r.run_replica = replica
+        r.run_first_step = step
+        r.run_steps = 1
+        r.run_tokens = tokens
+
+    def emit_decode_chunks(self, reqs: list[Request], first_step: int, num_steps: int, replica: int) -> None:
+        """A decode window's chunks: one token for each of ``reqs`` at the end of each of its steps
+        ``first_step`` .. ``first_step + num_steps - 1`` on ``replica``."""
+        for r in reqs:
+            if r.run_steps and r.run_first_step + r.run_steps == first_step and r.run_replica == replica \
+                    and r.run_tokens == 1:
+                r.run_steps += num_steps
+                continue
+            if r.run_steps:
+                self._close_run(r)
+            self._open_runs += 1
+            r.run_replica = replica
+            r.run_first_step = first_step
+            r.run_steps = num_steps
+            r.run_tokens = 1
+        self.num_chunks += len(reqs) * num_steps
+
+    def _close_run(self, r: Request) -> None:
         runs = self._chunk_runs
-        runs.add_window(reqs, ends)
-        if runs.num_rows >= _ROW_GROUP:
+        runs.add(r.idx, r.run_replica, r.run_first_step, r.run_steps, r.run_tokens)
+        r.run_steps = 0
+        self._open_runs -= 1
+        if runs.num_rows >= _CHUNK_RUNS_BUFFERED:
             self._flush_chunks()
 
     def record_step(self, row: StepRow, replica: int = 0) -> None:
@@ -136,6 +182,8 @@ class Recorder:
             self._flush_steps()
 
     def request_finished(self, r: Request) -> None:
+        if r.run_steps:
+            self._close_run(r)
         i = r.idx
         self.replayed[i] = True
         self.arrival[i] = r.arrival_ms
@@ -168,12 +216,11 @@ class Recorder:
 
     # -- output --------------------------------------------------------------------------------
     def _flush_chunks(self, final: bool = False) -> None:
-        """Hand the pending chunks to the writer thread, which writes the whole row groups of
+        """Hand the closed chunk runs to the writer thread, which writes the whole row groups of
         exactly _ROW_GROUP rows among what it holds (the rest waits, unless final), so the file's
         layout never depends on how the rows were batched on their way in."""
         runs = self._chunk_runs
-        self._chunk_runs = ChunkRuns()  # the writer thread owns the old buffer now
-        self.num_chunks += runs.num_rows
+        self._chunk_runs = ChunkRunRows()  # the writer thread owns the old buffer now
         self._writes.submit(self._write_chunks, runs, final)
 
     def _flush_steps(self, final: bool = False) -> None:
@@ -182,14 +229,12 @@ class Recorder:
         self._step_runs = StepRuns(self.replica_column)
         self._writes.submit(self._write_steps, runs, final)
 
-    def _write_chunks(self, runs: ChunkRuns, final: bool) -> None:
+    def _write_chunks(self, runs: ChunkRunRows, final: bool) -> None:
         """On the writer thread."""
-        due = self._chunk_cutter.cut(list(runs.columns()), final)
+        due = self._chunk_cutter.cut(runs.columns(), final)
         if due is None:
             return
-        req, time_ms, tokens = due
-        table = pa.Table.from_arrays([self._request_ids.take(pa.array(req)), pa.array(time_ms), pa.array(tokens)],
-                                     schema=CHUNKS_SCHEMA)
+        table = pa.Table.from_arrays([pa.array(v) for v in due], schema=CHUNKS_SCHEMA)
         self._chunk_writer.write_table(table, row_group_size=_ROW_GROUP)
 
     def _write_steps(self, runs: StepRuns, final: bool) -> None:
@@ -206,6 +251,11 @@ class Recorder:
         self._step_writer.write_table(table, row_group_size=_STEP_ROWS_BUFFERED)
 
     def close(self) -> None:
+        if self._open_runs:
+            raise RuntimeError(f"{self._open_runs} requests still have an open chunk run at the end of the replay "
+                               "(every request must end through request_finished or request_unfinished)")
+        if not self.cluster_part:
+            self._check_request_rows()
         self._flush_chunks(final=True)
         self._flush_steps(final=True)
         self._writes.finish()
@@ -223,6 +273,14 @@ class Recorder:
                 w.close()
             except Exception:  # pragma: no cover - best effort on the failure path
                 pass
+
+    def _check_request_rows(self) -> None:
+        """A chunk run names its request by trace row, which is its row in requests.parquet only
+        while the replayed rows are the trace's first ones (the first ``load.max_requests``)."""
+        n = int(self.replayed.sum())
+        if not self.replayed[:n].all():
+            raise RuntimeError("the replayed requests are not the trace's first rows: chunk runs' request "
+                               "rows would not match requests.parquet")
 
     def _write_requests(self) -> None:
         t = self.trace

@@ -33,6 +33,7 @@ class Request:
         "load_keys", "lookup_memo", "is_prefill_chunk", "padded_drafts",
         "do_remote_prefill", "do_remote_decode", "remote_loading",
         "tier_hit_tokens", "tier_loads",
+        "run_replica", "run_first_step", "run_steps", "run_tokens",
     )
 
     def __init__(self, idx: int, request_id: str, arrival_ms: float, num_prompt_tokens: int,
@@ -79,6 +80,13 @@ class Request:
         self.remote_loading = False
         self.tier_hit_tokens: list[int] | None = None  # KV tiers: hit tokens per tier at first admission
         self.tier_loads: list = []  # KV tiers: the parts of the load in flight (engine/kv_tiers.py TierLoad)
+        # The open run of this request's output chunks (engine/recorder.py): chunks of ``run_tokens``
+        # tokens at the ends of steps run_first_step .. run_first_step + run_steps - 1 of replica
+        # run_replica (run_steps 0: none open).
+        self.run_replica = 0
+        self.run_first_step = 0
+        self.run_steps = 0
+        self.run_tokens = 0
         self.lookup_memo: tuple | None = None  # G2: (store version, ready bound, start, hits, blocks, key runs, their groups) of the last lookup
 
     @property

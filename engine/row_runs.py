@@ -1,8 +1,8 @@
-"""Step and chunk rows buffered as runs of equal values, expanded into columns by numpy.
+"""Step rows buffered as runs of equal values, expanded into columns by numpy; chunk runs buffered
+as they close.
 
 A decode window's steps differ only in their index, start and duration (and, at the steps that
-allocate, in the free block count); its chunks are the running requests' ids again at every step
-end, each one token. Buffering rows as runs, (value, count) per column, costs the simulation a few
+allocate, in the free block count). Buffering rows as runs, (value, count) per column, costs the simulation a few
 list appends per window instead of building typed arrays row by row (perf: building them was 11%
 of the main thread of reuse-30k-4rps, about 30 us per window). The runs are expanded into exactly
 the columns that row-by-row buffering gives, on the writer thread, when a row group is due
@@ -11,6 +11,9 @@ the columns that row-by-row buffering gives, on the writer thread, when a row gr
 A column of the steps file is one of three kinds: the step index (runs of consecutive indices),
 start and duration (one value per row), and everything else (runs of one value). Columns that
 change together share one list of run lengths.
+
+chunks.parquet is not expanded at all: it stores each request's output chunks as runs over
+consecutive steps of one replica (engine/output_schema.py), which is what a decode window emits.
 """
 
 from __future__ import annotations
@@ -235,60 +238,33 @@ def _consecutive_runs(firsts: list[int], counts: list[int], dt: np.dtype) -> np.
     return (np.arange(total, dtype=np.int64) + np.repeat(shift, c)).astype(dt, copy=False)
 
 
-class ChunkRuns:
-    """Pending rows of chunks.parquet: each emission is a list of requests at one or more times.
+class ChunkRunRows:
+    """Pending rows of chunks.parquet: closed runs of one request's output chunks (the recorder
+    keeps each request's open run on the request and closes it here when it cannot grow)."""
 
-    A step's chunks are its requests at one time; a decode window's are its running requests at
-    each step end, in running order, one token each. The request column is built as it comes (a
-    typed array repeated in C costs less than expanding it later: the expansion's temporaries
-    are fresh memory, page faults on this kind of machine); times and tokens are runs.
-    """
-
-    __slots__ = ("num_rows", "reqs", "lengths", "repeats", "times", "tokens", "token_counts")
+    __slots__ = ("num_rows", "request", "replica", "first_step", "num_steps", "tokens")
 
     def __init__(self) -> None:
         self.num_rows = 0
-        self.reqs = array("i")  # the request column
-        self.lengths: list[int] = []  # requests per emission
-        self.repeats: list[int] = []  # times per emission
-        self.times: list[float] = []  # each emission's times (each for all of its requests)
-        self.tokens: list[int] = []  # token counts as runs
-        self.token_counts: list[int] = []
+        self.request = array("i")     # the request's row in requests.parquet (its trace row)
+        self.replica = array("i")
+        self.first_step = array("q")
+        self.num_steps = array("i")
+        self.tokens = array("i")      # tokens in each chunk of the run
 
-    def add_step(self, reqs: list[int], time_ms: float, tokens: list[int]) -> None:
-        """Chunks of one step, all at ``time_ms``; ``tokens`` empty: one token each."""
-        n = len(reqs)
-        self.reqs.extend(reqs)
-        self.lengths.append(n)
-        self.repeats.append(1)
-        self.times.append(time_ms)
-        if tokens:
-            self.tokens.extend(tokens)
-            self.token_counts.extend([1] * n)
-        else:
-            self.tokens.append(1)
-            self.token_counts.append(n)
-        self.num_rows += n
+    def add(self, request: int, replica: int, first_step: int, num_steps: int, tokens: int) -> None:
+        self.request.append(request)
+        self.replica.append(replica)
+        self.first_step.append(first_step)
+        self.num_steps.append(num_steps)
+        self.tokens.append(tokens)
+        self.num_rows += 1
 
-    def add_window(self, reqs: list[int], ends: list[float]) -> None:
-        """One token for each of ``reqs`` at each step end of ``ends``."""
-        n = len(reqs)
-        k = len(ends)
-        self.reqs.extend(array("i", reqs) * k)
-        self.lengths.append(n)
-        self.repeats.append(k)
-        self.times.extend(ends)
-        self.tokens.append(1)
-        self.token_counts.append(n * k)
-        self.num_rows += n * k
-
-    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(request index int32, time float64, tokens int32), one entry per chunk."""
-        req = np.frombuffer(self.reqs, dtype=np.int32)
-        per_time = np.repeat(_ints(self.lengths), _ints(self.repeats))  # requests at each time
-        time_ms = np.repeat(np.fromiter(self.times, np.float64, len(self.times)), per_time)
-        tokens = np.repeat(np.fromiter(self.tokens, np.int32, len(self.tokens)), _ints(self.token_counts))
-        return req, time_ms, tokens
+    def columns(self) -> list[np.ndarray]:
+        """One array per column of CHUNKS_SCHEMA (on the writer thread)."""
+        return [np.frombuffer(self.request, dtype=np.int32), np.frombuffer(self.replica, dtype=np.int32),
+                np.frombuffer(self.first_step, dtype=np.int64), np.frombuffer(self.num_steps, dtype=np.int32),
+                np.frombuffer(self.tokens, dtype=np.int32)]
 
 
 def _ints(values: list[int]) -> np.ndarray:

@@ -380,7 +380,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ update
     def update_from_output(self, out: SchedulerOutput, end_ms: float, finished: list[Request],
-                           chunk_reqs: list[int], chunk_tokens: list[int]) -> tuple[int, int]:
+                           chunk_reqs: list[Request], chunk_tokens: list[int]) -> tuple[int, int]:
         """Apply a finished step: emit tokens, roll back rejected drafts, finish requests.
 
         Emitted chunks are appended to ``chunk_reqs``/``chunk_tokens`` (all at ``end_ms``;
@@ -430,7 +430,7 @@ class Scheduler:
             r.num_output_tokens += emitted
             if r.first_token_ms < 0:
                 r.first_token_ms = end_ms
-            chunk_reqs.append(r.idx)
+            chunk_reqs.append(r)
             chunk_tokens.append(emitted)
             if k:
                 # vLLM 0.33 update_from_output: with spec decoding, blocks whose lookahead tokens are
@@ -447,7 +447,7 @@ class Scheduler:
         return step_drafts, step_accepted
 
     def _update_without_drafts(self, out: SchedulerOutput, end_ms: float, finished: list[Request],
-                               chunk_reqs: list[int], chunk_tokens: list[int], max_model_len: int) -> None:
+                               chunk_reqs: list[Request], chunk_tokens: list[int], max_model_len: int) -> None:
         """update_from_output without speculative decoding: every emitting request emits one token."""
         running_status = RequestStatus.RUNNING
         for r in out.reqs:
@@ -459,7 +459,7 @@ class Scheduler:
             r.num_output_tokens += 1
             if r.first_token_ms < 0:
                 r.first_token_ms = end_ms
-            chunk_reqs.append(r.idx)
+            chunk_reqs.append(r)
             if length_reached(r, max_model_len):
                 r.status = RequestStatus.FINISHED
                 r.finish_ms = end_ms

@@ -19,7 +19,7 @@ import pyarrow as pa
 from replay.base.files import require_regular_file
 from replay.engine.config import EngineConfig, load_config, validate_config
 from replay.engine.fleet import ProgressFn
-from replay.engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, STEPS_FILE
+from replay.engine.output_schema import REQUESTS_FILE, STEPS_FILE
 from replay.engine.run import replay_trace
 from replay.ingest.schema import TraceMetadata, is_canonical_trace, read_trace
 
@@ -60,9 +60,11 @@ class RunResult:
 
     @cached_property
     def chunks(self) -> pd.DataFrame:
-        import pandas as pd
+        """One row per output chunk (request_id, time_ms, tokens), in time order, expanded from
+        chunks.parquet's runs."""
+        from replay.reports.views import read_chunks
 
-        return pd.read_parquet(self.outdir / CHUNKS_FILE)
+        return read_chunks(self.outdir).to_pandas()
 
     @cached_property
     def steps(self) -> pd.DataFrame:

@@ -16,9 +16,8 @@ import numpy as np
 from replay.reports.disagg import disagg_metrics
 from replay.reports.fleet import fleet_metrics
 from replay.reports.over_time import over_time_metrics
-from replay.reports.quantiles import quantile_cont
+from replay.reports.quantiles import interpolate
 from replay.reports.slo import Slo
-from replay.reports.sqlfiles import sql
 from replay.reports.views import Run, build_trace_ideal, query_errors
 
 # Summary percentiles (vllm bench serve reports p50/p90/p95/p99), exact (numpy.percentile, linear).
@@ -140,33 +139,32 @@ def _histograms(run: Run) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
-ITL_BATCH_ROWS = 1 << 20  # ITL samples per streamed batch of the quantile passes (8 MB)
-# Chunk rows per part of the ITL sample build (itl_gaps.sql): runs up to this size take one part (the
-# 1 M-request benchmark fixture has 19 M), larger ones as many parts as needed to stay under it.
-ITL_PART_ROWS = 20_000_000
-
-
 def itl_row(run: Run, *, histograms: bool) -> tuple[dict[str, Any], dict[str, list[tuple[int, int]]]]:
     """The pooled ITL row (count, mean, max, quantiles as latency.sql names them) and, if asked, every
-    latency histogram. The samples are materialized once in DuckDB (which spills them past its memory
-    limit), on large runs one part of the requests at a time (itl_gaps.sql), and their quantiles
-    selected in streamed passes (reports/quantiles.py), so no step holds all of them in memory at once."""
-    chunk_rows = run.con.execute("SELECT count(*) FROM chunks").fetchall()[0][0]  # from the Parquet footers
-    parts = max(1, math.ceil(chunk_rows / ITL_PART_ROWS))
-    run.con.execute(sql("itl_samples").format(parts=int(parts)))
-    for part in range(1, parts):
-        run.con.execute(sql("itl_samples_add").format(parts=int(parts), part=int(part)))
+    latency histogram. The samples are never expanded: ``itl_counts`` (each distinct gap and how many
+    samples have it, computed from the chunk runs) is materialized once, and the quantiles are the
+    values at the wanted ranks of its running counts, interpolated as DuckDB's ``quantile_cont``
+    interpolates (reports/quantiles.py), so they equal ``quantile_cont`` over every sample."""
+    run.con.execute("CREATE OR REPLACE TEMP TABLE itl_values AS SELECT itl_ms, n FROM itl_counts")
     row = query_one_row(run, "itl")
-
-    def batches():
-        # A relation streams its result batch by batch (DuckDB 2.0: a DB-API result is materialized).
-        for batch in run.con.sql(sql("itl_values")).to_arrow_reader(ITL_BATCH_ROWS):
-            yield batch.column(0).to_numpy()
-
-    row["itl_quantiles"] = quantile_cont(batches, int(row["itl_count"] or 0), PROBS)
+    row["itl_quantiles"] = weighted_quantiles(run, int(row["itl_count"] or 0), PROBS)
     hists = _histograms(run) if histograms else {k: [] for k in LATENCIES}
-    run.con.execute("DROP TABLE itl_samples")
+    run.con.execute("DROP TABLE itl_values")
     return row, hists
+
+
+def weighted_quantiles(run: Run, n: int, probs: tuple[float, ...]) -> list[float] | None:
+    """``quantile_cont(itl_ms, probs)`` over the ``n`` samples that ``itl_values`` counts; None
+    without samples (SQL NULL)."""
+    if n == 0:
+        return None
+    spots = []
+    for q in probs:
+        rn = (n - 1) * float(q)
+        spots.append((rn, math.floor(rn), math.ceil(rn)))
+    ranks = sorted({i for _, lo, hi in spots for i in (lo, hi)})
+    found = {int(rank): float(value) for rank, value in run.query("itl_ranks", ranks=ranks).fetchall()}
+    return [found[lo] if lo == hi else interpolate(found[lo], found[hi], rn - lo) for rn, lo, hi in spots]
 
 
 def nice_bucket_ms(span_ms: float) -> float:

@@ -2,7 +2,10 @@
 
 Every report, ``replay sql`` and ``replay diff`` go through here, so the views (and the few helper
 views the metric queries build on) are defined once. The files are read lazily by DuckDB; nothing is
-loaded into memory until a query needs it.
+loaded into memory until a query needs it. chunks.parquet stores runs of chunks (engine/output_schema.py);
+the ``chunks`` view expands them, one row per chunk, only for the queries that read it, and the ITL
+metrics read ``itl_counts`` (each distinct gap with its count), computed from the runs unexpanded.
+An output written before chunk runs (one row per chunk) opens with the same views.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from replay.base.errors import ReplayError, TraceError
 from replay.base.parquet_io import damaged_parquet
 from replay.base.structured import parse_json
 from replay.engine.output_schema import (
+    CHUNK_ROWS_SCHEMA,
     CHUNKS_FILE,
     CHUNKS_SCHEMA,
     REQUESTS_FILE,
@@ -34,8 +38,9 @@ from replay.engine.scaling_output import SCALING_FILE
 from replay.ingest.schema import TRACE_SCHEMA, TraceMetadata
 from replay.reports.sqlfiles import sql
 
-# The output views; `trace` is added when the run's trace can be found.
-OUTPUT_VIEWS = {"requests": (REQUESTS_FILE, REQUESTS_SCHEMA), "chunks": (CHUNKS_FILE, CHUNKS_SCHEMA),
+# The output views; `trace` is added when the run's trace can be found. chunks.parquet is opened as
+# `chunk_runs` and expanded by the `chunks` view (open_run).
+OUTPUT_VIEWS = {"requests": (REQUESTS_FILE, REQUESTS_SCHEMA), "chunk_runs": (CHUNKS_FILE, CHUNKS_SCHEMA),
                 "steps": (STEPS_FILE, STEPS_SCHEMA)}
 VIEW_SQL = "CREATE OR REPLACE VIEW {name} AS SELECT {columns} FROM read_parquet({path}{options})"
 # A single-engine run has no `replica` column; its views get one, so every query sees a fleet of one.
@@ -173,8 +178,16 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
     outdir = Path(outdir)
     info = read_run_json(outdir)
     con = con if con is not None else connect()
+    chunk_rows = _chunk_rows(outdir / CHUNKS_FILE)
     for name, (filename, schema) in OUTPUT_VIEWS.items():
         path = outdir / filename
+        if name == "chunk_runs" and chunk_rows:
+            _check_columns(path, CHUNK_ROWS_SCHEMA)  # written before chunk runs: one row per chunk
+            why = damaged_parquet(path)
+            if why is not None:
+                raise ReplayError(f"{path}: damaged Parquet file, cannot read its data ({why})")
+            con.execute(VIEW_SQL.format(name="chunks", columns="*", path=sql_literal(path.resolve()), options=""))
+            continue
         names = _check_columns(path, schema)
         why = damaged_parquet(path)  # DuckDB does not check page checksums: changed bytes would read as numbers
         if why is not None:
@@ -184,6 +197,14 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
     scaling = outdir / SCALING_FILE  # an autoscaled run's decisions (engine/scaling_output.py)
     if scaling.is_file():
         con.execute(VIEW_SQL.format(name="scaling", columns="*", path=sql_literal(scaling.resolve()), options=""))
+    if chunk_rows:
+        con.execute("CREATE OR REPLACE VIEW itl_counts AS " + sql("itl_counts_rows"))
+    else:
+        requests = sql_literal((outdir / REQUESTS_FILE).resolve())
+        con.execute("CREATE OR REPLACE VIEW request_rows AS SELECT file_row_number::INTEGER AS request, "
+                    f"request_id, status FROM read_parquet({requests}, file_row_number = true)")
+        con.execute("CREATE OR REPLACE VIEW chunks AS " + sql("chunks"))
+        con.execute("CREATE OR REPLACE VIEW itl_counts AS " + sql("itl_counts"))
     notes: list[str] = []
     trace_path = _find_trace(outdir, info, notes)
     meta = None
@@ -218,9 +239,28 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
     where = " WHERE pool = 'decode'" if "pool" in step_names else ""
     con.execute(f"CREATE OR REPLACE VIEW fleet_steps AS SELECT * FROM steps{where}")
     con.execute("CREATE OR REPLACE VIEW run_window AS " + sql("run_window"))
-    con.execute("CREATE OR REPLACE MACRO itl_gaps_part(parts, part) AS TABLE " + sql("itl_gaps"))
-    con.execute("CREATE OR REPLACE VIEW itl_gaps AS SELECT * FROM itl_gaps_part(1, 0)")
+    # One row per ITL sample, for ad hoc queries: the reports read itl_counts.
+    con.execute("CREATE OR REPLACE VIEW itl_gaps AS SELECT c.itl_ms FROM itl_counts AS c, range(c.n)")
     return Run(outdir=outdir, info=info, con=con, trace_path=trace_path, trace_meta=meta, notes=notes)
+
+
+def read_chunks(outdir: str | Path) -> pa.Table:
+    """Every output chunk of a run (the ``chunks`` view: request_id, time_ms, tokens) as an Arrow table,
+    in time order (ties: request_id). One row per chunk: meant for small runs and notebooks."""
+    run = open_run(outdir)
+    try:
+        with query_errors(run):
+            return run.con.sql("SELECT * FROM chunks ORDER BY time_ms, request_id").to_arrow_table()
+    finally:
+        run.con.close()
+
+
+def _chunk_rows(path: Path) -> bool:
+    """True for a chunks.parquet of one row per chunk (written before chunk runs)."""
+    try:
+        return "time_ms" in pq.read_schema(path).names
+    except Exception:  # missing or unreadable: _check_columns names the problem
+        return False
 
 
 @contextlib.contextmanager

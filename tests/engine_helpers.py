@@ -67,13 +67,15 @@ def run_small(rows: list[dict], tmp_path: Path, *, num_gpu_blocks: int, config: 
     """Replay ``rows`` and return (requests, chunks, steps) DataFrames plus run info."""
     import pandas as pd
 
+    from replay.reports.views import read_chunks
+
     table, meta = make_trace(rows, hash_block_size)
     cfg = EngineConfig.model_validate(config or {})
     out = tmp_path / "out"
     summary = replay_trace(table, meta, cfg, out, setup=setup_for(num_gpu_blocks, timer),
                            check_invariants=check_invariants, **kw)
     reqs = pd.read_parquet(out / "requests.parquet")
-    chunks = pd.read_parquet(out / "chunks.parquet")
+    chunks = read_chunks(out).to_pandas()
     steps = pd.read_parquet(out / "steps.parquet")
     return reqs, chunks, steps, summary.run_info
 

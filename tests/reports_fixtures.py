@@ -237,7 +237,6 @@ def write_run(outdir: Path, trace_path: Path, spec: RunSpec = RunSpec()) -> Path
     queue = (rng.lognormal(np.log(4.0), 0.7, n) + 3000.0 * burst * rng.random(n)) * scale
     prefill = (8.0 + 0.04 * (inp - cached - cpu_hit)) * scale
     first_sched = arrival + queue
-    first_tok = first_sched + prefill + load_wait
     preempt = rng.poisson(0.01 + 0.6 * burst).astype(np.int64)
 
     # Chunks: one per step that emitted tokens; MTP steps emit 1..k+1 tokens.
@@ -252,14 +251,18 @@ def write_run(outdir: Path, trace_path: Path, spec: RunSpec = RunSpec()) -> Path
     total = int(keep_chunks.sum())
     crow = np.repeat(np.arange(n), keep_chunks)
     cpos = np.arange(total) - np.repeat(np.cumsum(keep_chunks) - keep_chunks, keep_chunks)
-    gap_med = 12.0 * (1.0 + 0.35 * spec.mtp_k) * scale
-    gaps = rng.lognormal(np.log(gap_med), 0.35, total) * (1.0 + 0.5 * burst[crow])
-    gaps[rng.random(total) < 0.01] += 150.0 * scale  # a stall: a long prefill joined the batch
-    gaps[cpos == 0] = 0.0
-    gsum = np.cumsum(gaps)
+    # Chunk times are step ends, as the engine emits them: each request decodes at consecutive steps
+    # from the step in which its prefill ends, except after a stall (1% of chunks: a preemption, it
+    # resumes 3-12 steps later), which starts a new run.
+    stall = np.where(cpos > 0, (rng.random(total) < 0.01) * rng.integers(3, 13, total), 0)
+    skip = np.cumsum(1 + stall) - 1
+    first_of = np.cumsum(keep_chunks) - keep_chunks
     has = keep_chunks > 0
-    gstart = np.repeat(gsum[(np.cumsum(keep_chunks) - keep_chunks)[has]], keep_chunks[has])
-    ctime = first_tok[crow] + (gsum - gstart)
+    offset = skip - np.repeat(skip[first_of[has]], keep_chunks[has])  # steps after the request's first chunk
+    timeline = _StepTimeline(rng, spec, arrival, first_sched + prefill + load_wait, int(offset.max(initial=0)) + 2)
+    first_step = timeline.step_at(first_sched + prefill + load_wait)
+    cstep = np.repeat(first_step, keep_chunks) + offset
+    ctime = timeline.end[cstep]
     # Tokens per chunk: first chunk 1 token, the rest split the remaining output evenly.
     if spec.mtp_k:
         rest_chunks = np.maximum(n_chunks - 1, 1)
@@ -268,6 +271,7 @@ def write_run(outdir: Path, trace_path: Path, spec: RunSpec = RunSpec()) -> Path
         ctok = np.where(cpos == 0, 1, base[crow] + (cpos - 1 < extra[crow]))
     else:
         ctok = np.ones(total, dtype=np.int64)
+    first_tok = np.where(has, timeline.end[np.minimum(first_step, len(timeline.end) - 1)], first_sched + prefill)
     last_idx = np.cumsum(keep_chunks) - 1
     finish = np.where(emitted & ~unfinished, ctime[np.maximum(last_idx, 0)] if total else 0.0, np.nan)
 
@@ -316,12 +320,8 @@ def write_run(outdir: Path, trace_path: Path, spec: RunSpec = RunSpec()) -> Path
         },
         schema=REQUESTS_SCHEMA,
     )
-    # Chunk rows in emission order (by time), as the engine writes them.
-    corder = np.argsort(ctime, kind="stable")
-    rid_dict = pa.DictionaryArray.from_arrays(pa.array(crow[corder].astype(np.int32)), table.column("request_id").combine_chunks())
-    chunks = pa.table({"request_id": rid_dict, "time_ms": ctime[corder], "tokens": ctok[corder].astype(np.int32)},
-                      schema=CHUNKS_SCHEMA)
-    steps = _make_steps(rng, spec, arrival, first_sched, finish, started, done, preempt, ctime, ctok, n_chunks)
+    chunks = chunk_runs(crow, cstep, ctok)
+    steps = _make_steps(rng, spec, timeline, arrival, first_sched, finish, started, done, preempt, cstep, ctok)
     pq.write_table(requests, outdir / REQUESTS_FILE)
     pq.write_table(chunks, outdir / CHUNKS_FILE)
     pq.write_table(steps, outdir / STEPS_FILE)
@@ -360,12 +360,52 @@ def ctok_sum_unfinished(ctok: np.ndarray, crow: np.ndarray, n: int) -> np.ndarra
     return np.bincount(crow, weights=ctok, minlength=n).astype(np.int64)
 
 
-def _make_steps(rng, spec, arrival, first_sched, finish, started, done, preempt, ctime, ctok, n_chunks) -> pa.Table:
-    """Engine steps back to back while there is work, with queue depth from the request timeline."""
-    end = float(np.nanmax(np.concatenate([ctime, first_sched[started], [1.0]])))
-    n_steps = max(1, int(end / spec.step_ms))
-    dur = rng.gamma(4.0, spec.step_ms / 4.0, n_steps)
-    start = np.concatenate([[0.0], np.cumsum(dur)[:-1]]) * (end / max(dur.sum(), 1e-9))
+class _StepTimeline:
+    """Engine steps back to back from t = 0 until every request's chunks have a step: durations
+    around spec.step_ms, longer in the load burst."""
+
+    def __init__(self, rng, spec: RunSpec, arrival: np.ndarray, ready: np.ndarray, tail_steps: int) -> None:
+        horizon = float(np.nanmax(np.concatenate([ready, [1.0]])))
+        t_end = max(float(arrival.max()), 1.0)
+        parts, total = [], 0.0
+        while total <= horizon:  # steps until the last request is ready, then tail_steps more
+            n = int((horizon - total) / spec.step_ms) + 16
+            nominal = total + np.arange(n) * spec.step_ms
+            phase = np.clip((nominal / t_end - 0.35) / 0.3, 0.0, 1.0)
+            burst = np.sin(np.pi * phase) ** 2
+            dur = rng.gamma(4.0, spec.step_ms / 4.0, n) * spec.latency_scale * (1.0 + 0.5 * burst)
+            dur[rng.random(n) < 0.01] += 150.0 * spec.latency_scale  # a long prefill joined the batch
+            parts.append(dur)
+            total += float(dur.sum())
+        tail = rng.gamma(4.0, spec.step_ms / 4.0, tail_steps + 16) * spec.latency_scale
+        dur = np.concatenate([*parts, tail])
+        self.start = np.concatenate([[0.0], np.cumsum(dur)[:-1]])
+        self.duration = dur
+        self.end = self.start + self.duration  # the doubles the views compute
+
+    def step_at(self, t: np.ndarray) -> np.ndarray:
+        """The step running at each time (its end is the first chunk after it)."""
+        return np.clip(np.searchsorted(self.start, t, side="right") - 1, 0, len(self.start) - 1)
+
+
+def chunk_runs(crow: np.ndarray, cstep: np.ndarray, ctok: np.ndarray) -> pa.Table:
+    """Chunks (request row, step, tokens), each request's in step order, as chunks.parquet runs."""
+    if not len(crow):
+        return CHUNKS_SCHEMA.empty_table()
+    new = np.ones(len(crow), dtype=bool)
+    new[1:] = (crow[1:] != crow[:-1]) | (cstep[1:] != cstep[:-1] + 1) | (ctok[1:] != ctok[:-1])
+    starts = np.flatnonzero(new)
+    lengths = np.diff(np.append(starts, len(crow)))
+    return pa.table({"request": crow[starts].astype(np.int32), "replica": np.zeros(len(starts), np.int32),
+                     "first_step": cstep[starts].astype(np.int64), "num_steps": lengths.astype(np.int32),
+                     "tokens": ctok[starts].astype(np.int32)}, schema=CHUNKS_SCHEMA)
+
+
+def _make_steps(rng, spec, timeline: _StepTimeline, arrival, first_sched, finish, started, done, preempt,
+                cstep, ctok) -> pa.Table:
+    """The steps of the timeline, with queue depth from the request timeline and the chunks they emitted."""
+    start = timeline.start
+    n_steps = len(start)
     arr_sorted = np.sort(arrival[started])  # rejected requests never wait in the queue
     sched_sorted = np.sort(first_sched[started])
     fin_sorted = np.sort(finish[done])
@@ -375,14 +415,13 @@ def _make_steps(rng, spec, arrival, first_sched, finish, started, done, preempt,
     running = np.minimum(scheduled - finished, 1024)
     waiting = np.maximum(arrived - scheduled, 0)
     kv = np.clip(running / 400.0 + rng.normal(0, 0.02, n_steps), 0.0, 1.0).astype(np.float32)
-    step_of = lambda t: np.clip(np.searchsorted(start, t, side="right") - 1, 0, n_steps - 1)  # noqa: E731
-    pre = np.bincount(step_of(first_sched[started]), weights=preempt[started], minlength=n_steps).astype(np.int32)
-    chunk_step = step_of(ctime)
-    tok = np.bincount(chunk_step, weights=ctok, minlength=n_steps).astype(np.int64)
-    nchunk = np.bincount(chunk_step, minlength=n_steps).astype(np.int64)
+    pre = np.bincount(timeline.step_at(first_sched[started]), weights=preempt[started],
+                      minlength=n_steps).astype(np.int32)
+    tok = np.bincount(cstep, weights=ctok, minlength=n_steps).astype(np.int64)
+    nchunk = np.bincount(cstep, minlength=n_steps).astype(np.int64)
     drafts = (nchunk * spec.mtp_k) if spec.mtp_k else np.zeros(n_steps, dtype=np.int64)
     accepted = np.maximum(tok - nchunk, 0) if spec.mtp_k else np.zeros(n_steps, dtype=np.int64)
-    prefill_req = np.bincount(step_of(first_sched[started]), minlength=n_steps).astype(np.int32)
+    prefill_req = np.bincount(timeline.step_at(first_sched[started]), minlength=n_steps).astype(np.int32)
     prefill_tok = prefill_req * 900
     if spec.offload:
         cpu_used = np.minimum(np.arange(n_steps, dtype=np.int64) * 3, 20000)
@@ -394,7 +433,7 @@ def _make_steps(rng, spec, arrival, first_sched, finish, started, done, preempt,
         {
             "step": np.arange(n_steps, dtype=np.int64),
             "start_ms": start,
-            "duration_ms": np.diff(np.concatenate([start, [end]])),
+            "duration_ms": timeline.duration,
             "scheduled_tokens": (prefill_tok + nchunk + drafts).astype(np.int32),
             "prefill_tokens": prefill_tok.astype(np.int32),
             "prefill_requests": prefill_req,

@@ -24,18 +24,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import pyarrow.parquet as pq
 
-from replay.engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, STATUS_FINISHED
+from replay.engine.output_schema import REQUESTS_FILE, STATUS_FINISHED
+from replay.reports.views import open_run
 
-# One gap per consecutive pair of chunks of a request; the per-request mean and the pooled mean.
+# One gap per consecutive pair of chunks of a request (the `chunks` view of reports/views.py); the
+# per-request mean and the pooled mean.
 CHUNK_GAPS_SQL = """
 WITH gaps AS (
     SELECT request_id::VARCHAR AS request_id,
            time_ms - lag(time_ms) OVER (PARTITION BY request_id ORDER BY time_ms) AS gap
-    FROM read_parquet(?)
+    FROM chunks
 )
 SELECT g.request_id, count(g.gap) AS n_gaps, sum(g.gap) AS sum_gap
 FROM gaps g
@@ -83,11 +84,11 @@ def ours_metrics(outdir: Path) -> dict[str, Any]:
     out = _latency_block(done["ttft_ms"].to_numpy(float), done["e2e_ms"].to_numpy(float),
                          done["first_token_ms"].to_numpy(float), done["finish_ms"].to_numpy(float),
                          done["output_tokens"].to_numpy(np.int64))
-    con = duckdb.connect()
+    run = open_run(outdir)
     try:
-        gaps = con.execute(CHUNK_GAPS_SQL, [str(outdir / CHUNKS_FILE)]).df()
+        gaps = run.con.execute(CHUNK_GAPS_SQL).df()
     finally:
-        con.close()
+        run.con.close()
     gaps = gaps[gaps["request_id"].isin(set(done["request_id"]))]
     n_gaps = gaps["n_gaps"].to_numpy(np.int64)
     sums = gaps["sum_gap"].to_numpy(float)

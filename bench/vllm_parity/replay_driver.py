@@ -76,9 +76,9 @@ def run_replay(w: Workload, rows: list[dict], models_root: Path) -> Tables:
                       {r.idx: r.num_computed_tokens for r in out.reqs},
                       [r.idx for r in sched.running], pool.get_num_free_blocks())
         finished: list[Request] = []
-        emitted: list[int] = []
+        emitted: list[Request] = []
         sched.update_from_output(out, float(step), finished, emitted, [])
-        rec.updated(step, emitted, [r.idx for r in finished], [r.idx for r in sched.running],
+        rec.updated(step, [r.idx for r in emitted], [r.idx for r in finished], [r.idx for r in sched.running],
                     pool.get_num_free_blocks())
         step += 1
     return rec.tables

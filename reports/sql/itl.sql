@@ -1,9 +1,8 @@
--- Pooled ITL distribution (ms) over the samples of itl_gaps.sql (materialized by itl_samples.sql).
--- The quantiles are not taken here: quantile_cont would gather every sample into one buffer DuckDB
--- cannot spill (512 MB at 50 M samples); reports/quantiles.py selects them from itl_values.sql in
--- streamed passes, with quantile_cont's result.
+-- Pooled ITL summary (ms) over itl_values, the materialized itl_counts (one row per distinct sample
+-- value with its count). The mean weighs each value by its count (fsum: compensated, so it does not
+-- depend on thread scheduling). The quantiles are itl_ranks.sql's.
 SELECT
-    count(itl_ms)                    AS itl_count,
-    fsum(itl_ms) / count(itl_ms)     AS itl_mean,
-    max(itl_ms)                      AS itl_max
-FROM itl_samples
+    sum(n)::BIGINT                       AS itl_count,
+    fsum(itl_ms * n) / sum(n)            AS itl_mean,
+    max(itl_ms)                          AS itl_max
+FROM itl_values

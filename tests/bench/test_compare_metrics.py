@@ -11,16 +11,19 @@ import pytest
 from bench.compare.compare import agreement
 from bench.compare.metrics import ours_metrics, peer_metrics
 from bench.compare.report import markdown, summary_markdown, table_rows
-from replay.engine.output_schema import CHUNKS_SCHEMA, REQUESTS_SCHEMA
+from replay.engine.output_schema import CHUNK_ROWS_SCHEMA, REQUESTS_SCHEMA, STEPS_SCHEMA
 
 
 def _write_ours(outdir, requests: list[dict], chunks: list[tuple[str, float, int]]) -> None:
     outdir.mkdir()
     cols = {f.name: [r.get(f.name) for r in requests] for f in REQUESTS_SCHEMA}
     pq.write_table(pa.table(cols, schema=REQUESTS_SCHEMA), outdir / "requests.parquet")
-    ids = pa.array([c[0] for c in chunks]).dictionary_encode().cast(CHUNKS_SCHEMA.field("request_id").type)
+    # chunks.parquet one row per chunk (the layout before runs, which the views still read)
+    ids = pa.array([c[0] for c in chunks]).dictionary_encode().cast(CHUNK_ROWS_SCHEMA.field("request_id").type)
     pq.write_table(pa.table({"request_id": ids, "time_ms": [c[1] for c in chunks], "tokens": [c[2] for c in chunks]},
-                            schema=CHUNKS_SCHEMA), outdir / "chunks.parquet")
+                            schema=CHUNK_ROWS_SCHEMA), outdir / "chunks.parquet")
+    pq.write_table(STEPS_SCHEMA.empty_table(), outdir / "steps.parquet")
+    (outdir / "run.json").write_text("{}")
 
 
 def _req(rid, arrival, first, finish, n_in, n_out, cached=0, cpu=0, pre=0, status="finished"):

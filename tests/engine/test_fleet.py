@@ -123,7 +123,7 @@ def test_decode_windows_stay_exact_in_a_fleet(tmp_path, router, latency):
     # Rows are written as replicas produce them, and a window writes many steps at once, so the
     # row order differs between the two; every row must be the same.
     assert (tmp_path / "ff" / "requests.parquet").read_bytes() == (tmp_path / "step" / "requests.parquet").read_bytes()
-    for name, key in (("chunks.parquet", ["request_id", "time_ms"]), ("steps.parquet", ["replica", "step"])):
+    for name, key in (("chunks.parquet", ["request", "replica", "first_step"]), ("steps.parquet", ["replica", "step"])):
         x, y = (pd.read_parquet(tmp_path / d / name).sort_values(key).reset_index(drop=True) for d in ("ff", "step"))
         pd.testing.assert_frame_equal(x, y, check_exact=True)
     assert a["totals"] == b["totals"]
@@ -314,7 +314,7 @@ def test_blocks_shared_only_with_other_replicas_are_private_and_change_nothing(t
     monkeypatch.setattr(fleet_module, "shared_lead_within", lambda flat, off, groups: shared_lead(flat, off))
     everyone = _run(table, meta, data, tmp_path / "all", 40)
     assert (tmp_path / "within" / "requests.parquet").read_bytes() == (tmp_path / "all" / "requests.parquet").read_bytes()
-    for name, key in (("chunks.parquet", ["request_id", "time_ms"]), ("steps.parquet", ["replica", "step"])):
+    for name, key in (("chunks.parquet", ["request", "replica", "first_step"]), ("steps.parquet", ["replica", "step"])):
         x, y = (pd.read_parquet(tmp_path / d / name).sort_values(key).reset_index(drop=True) for d in ("within", "all"))
         pd.testing.assert_frame_equal(x, y, check_exact=True)
     assert within["totals"] == everyone["totals"]

@@ -1,7 +1,9 @@
-"""Step and chunk rows buffered as runs (engine/row_runs.py) expand into exactly the rows given.
+"""Step rows buffered as runs (engine/row_runs.py) expand into exactly the rows given; chunks are
+recorded as runs per request.
 
-Hand-checked expansions, a row-group cutter that never lets the batching show in a file's layout,
-and the recorder writing row groups of exactly the configured size whatever the emission sizes.
+Hand-checked expansions and chunk runs, a row-group cutter that never lets the batching show in a
+file's layout, and the recorder writing row groups of exactly the configured size whatever the
+emission sizes.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import pytest
 import replay.engine.recorder as recorder_module
 from replay.engine.output_schema import STEPS_SCHEMA
 from replay.engine.recorder import Recorder
-from replay.engine.row_runs import ChangePoints, ChunkRuns, ColumnCutter, StepRow, StepRuns, WindowRows
+from replay.engine.request import Request
+from replay.engine.row_runs import ChangePoints, ColumnCutter, StepRow, StepRuns, WindowRows
 from replay.engine.trace_input import trace_arrays
 from tests.engine_helpers import make_trace
 
@@ -107,19 +110,42 @@ def test_held_runs() -> None:
     assert _runs(_points((0, 5), (3, 6)), 3, False) == [(5, 3)]  # a change at or past n covers no step
 
 
-def test_chunks_expand_steps_and_windows() -> None:
-    runs = ChunkRuns()
-    runs.add_step([4, 2], 10.0, [512, 1])
-    runs.add_window([4, 2, 9], [11.0, 12.0])
-    runs.add_step([9], 13.0, [])
-    runs.add_window([], [14.0])  # nobody: no rows
-    runs.add_window([2], [15.0, 16.0, 17.0])
-    assert runs.num_rows == 2 + 6 + 1 + 3
-    req, time_ms, tokens = runs.columns()
-    assert req.tolist() == [4, 2, 4, 2, 9, 4, 2, 9, 9, 2, 2, 2]
-    assert time_ms.tolist() == [10.0, 10.0, 11.0, 11.0, 11.0, 12.0, 12.0, 12.0, 13.0, 15.0, 16.0, 17.0]
-    assert tokens.tolist() == [512, 1] + [1] * 10
-    assert (req.dtype, time_ms.dtype, tokens.dtype) == (np.int32, np.float64, np.int32)
+def _recorder(tmp_path, n: int) -> tuple[Recorder, list[Request]]:
+    table, meta = make_trace([{"input_tokens": 10, "output_tokens": 5}] * n)
+    reqs = [Request(i, f"r{i}", 0.0, 10, 5, None) for i in range(n)]  # type: ignore[arg-type]
+    return Recorder(trace_arrays(table, meta.hash_block_size), tmp_path), reqs
+
+
+def _file_runs(path) -> list[tuple]:
+    t = pq.read_table(path)
+    assert t.schema.names == ["request", "replica", "first_step", "num_steps", "tokens"]
+    return list(zip(*(t.column(c).to_pylist() for c in t.schema.names), strict=True))
+
+
+def test_chunk_runs_by_hand(tmp_path) -> None:
+    """A run grows while its request emits at the next step of the same replica with the same token
+    count; anything else starts a new one; finishing closes it."""
+    rec, (a, b, c) = _recorder(tmp_path, 3)
+    rec.emit_chunks([a, b], 0, 0, [])            # step 0: a and b emit their first token
+    rec.emit_decode_chunks([a, b], 1, 3, 0)      # a decode window: steps 1..3
+    rec.emit_chunks([a, c], 4, 0, [2, 1])        # MTP: a emits 2 tokens (new run), c its first
+    rec.emit_chunks([c], 5, 1, [])               # c continues on another replica: new run
+    rec.emit_chunks([b], 6, 0, [])               # b skipped steps 4, 5 (preempted): new run
+    rec.emit_decode_chunks([b], 7, 2, 0)         # continues b's run
+    for r in (a, b, c):
+        rec.request_finished(r)
+    rec.close()
+    assert sorted(_file_runs(tmp_path / "chunks.parquet")) == [
+        (0, 0, 0, 4, 1), (0, 0, 4, 1, 2), (1, 0, 0, 4, 1), (1, 0, 6, 3, 1), (2, 0, 4, 1, 1), (2, 1, 5, 1, 1)]
+    assert rec.num_chunks == 2 + 6 + 2 + 1 + 1 + 2
+
+
+def test_an_unclosed_chunk_run_fails_the_replay(tmp_path) -> None:
+    rec, (a,) = _recorder(tmp_path, 1)
+    rec.emit_chunks([a], 0, 0, [])
+    with pytest.raises(RuntimeError, match="open chunk run"):
+        rec.close()
+    rec.abort()
 
 
 def test_cutter_writes_whole_row_groups_and_carries_the_rest() -> None:
@@ -140,35 +166,40 @@ def test_cutter_writes_whole_row_groups_and_carries_the_rest() -> None:
 
 @pytest.mark.parametrize("emission", [1, 3, 7])
 def test_recorder_row_groups_never_depend_on_batching(tmp_path, monkeypatch, emission: int) -> None:
-    """Chunks and steps arrive in windows of any size; every row group but the last is exactly the
-    configured size and the rows are those emitted, in order."""
+    """Chunk runs and steps arrive in batches of any size; every row group but the last is exactly
+    the configured size and the rows are those emitted, in order."""
     monkeypatch.setattr(recorder_module, "_ROW_GROUP", 5)
+    monkeypatch.setattr(recorder_module, "_CHUNK_RUNS_BUFFERED", emission)
     monkeypatch.setattr(recorder_module, "_STEP_ROWS_BUFFERED", 4)
-    table, meta = make_trace([{"input_tokens": 10, "output_tokens": 5}] * 3)
-    rec = Recorder(trace_arrays(table, meta.hash_block_size), tmp_path)
-    expected_chunks: list[tuple[int, float]] = []
+    rec, reqs = _recorder(tmp_path, 3)
+    expected_runs: list[tuple] = []
     step = 0
     t = 0.0
     for w in range(6):
         ends = [t + 1.0 + i for i in range(emission)]
-        reqs = [w % 3, (w + 1) % 3]
-        rec.emit_decode_chunks(reqs, ends)
-        expected_chunks += [(r, e) for e in ends for r in reqs]
+        running = [reqs[w % 3], reqs[(w + 1) % 3]]
+        for r in running:  # each window's runs close at the next emission of their request
+            if r.run_steps and not (r.run_first_step + r.run_steps == step):
+                expected_runs.append((r.idx, 0, r.run_first_step, r.run_steps, 1))
+        rec.emit_decode_chunks(running, step, emission, 0)
         rec.record_decode_window(_window(step, [e - 1.0 for e in ends], 2, 0, _points((0, 50)), 99))
         step += emission
-        rec.emit_chunks([2], ends[-1] + 0.5, [])
-        expected_chunks.append((2, ends[-1] + 0.5))
+        if reqs[2].run_steps and reqs[2].run_first_step + reqs[2].run_steps != step:
+            expected_runs.append((2, 0, reqs[2].run_first_step, reqs[2].run_steps, 1))
+        rec.emit_chunks([reqs[2]], step, 0, [])
         rec.record_step(_row(step, ends[-1]))
         step += 1
         t = ends[-1] + 1.0
+    for r in reqs:
+        expected_runs.append((r.idx, 0, r.run_first_step, r.run_steps, 1))
+        rec.request_finished(r)
     rec.close()
     chunks = pq.ParquetFile(tmp_path / "chunks.parquet")
     steps = pq.ParquetFile(tmp_path / "steps.parquet")
     sizes = [chunks.metadata.row_group(i).num_rows for i in range(chunks.num_row_groups)]
-    assert all(s == 5 for s in sizes[:-1]) and 0 < sizes[-1] <= 5 and sum(sizes) == len(expected_chunks)
+    assert all(s == 5 for s in sizes[:-1]) and 0 < sizes[-1] <= 5 and sum(sizes) == len(expected_runs)
     step_sizes = [steps.metadata.row_group(i).num_rows for i in range(steps.num_row_groups)]
     assert all(s == 4 for s in step_sizes[:-1]) and 0 < step_sizes[-1] <= 4 and sum(step_sizes) == step
-    got = chunks.read()
-    assert list(zip([int(r[1:]) for r in got["request_id"].to_pylist()], got["time_ms"].to_pylist())) == expected_chunks
+    assert _file_runs(tmp_path / "chunks.parquet") == expected_runs
     assert steps.read()["step"].to_pylist() == list(range(step))
-    assert rec.num_chunks == len(expected_chunks) and rec.num_steps == step
+    assert rec.num_chunks == sum(n for *_, n, _ in expected_runs) and rec.num_steps == step

@@ -76,26 +76,33 @@ def test_report_itl_percentiles_are_quantile_cont_of_the_samples(tmp_path):
     assert [dist.percentiles[round(p * 100)] for p in PROBS] == want
 
 
-def test_itl_samples_built_in_parts_equal_one_part(tmp_path, monkeypatch):
-    # Large runs build the ITL samples part by part (requests split by a hash of their id): the
-    # distribution is that of the single-part build.
+def test_itl_from_runs_equals_itl_from_chunk_rows(tmp_path):
+    """The report's ITL from the chunk runs (never expanded) equals the one from the same chunks stored
+    one row per chunk (the layout before runs, still read): count, max, quantiles and histogram
+    exactly, the mean to the last bits (both compensated sums, in different orders)."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
     import replay.reports.metrics as metrics
+    from replay.engine.output_schema import CHUNK_ROWS_SCHEMA
+    from replay.reports.views import read_chunks
 
     trace = write_trace(tmp_path / "trace.parquet", TraceSpec(n_requests=600, seed=9))
-    outdir = write_run(tmp_path / "run", trace, RunSpec(seed=4))
+    outdir = write_run(tmp_path / "run", trace, RunSpec(seed=4, mtp_k=2))
+    rows_dir = tmp_path / "rows"
+    shutil.copytree(outdir, rows_dir)
+    pq.write_table(read_chunks(outdir).cast(CHUNK_ROWS_SCHEMA), rows_dir / "chunks.parquet")
 
-    def itl(part_rows):
-        monkeypatch.setattr(metrics, "ITL_PART_ROWS", part_rows)
-        run = open_run(outdir)
+    def itl(path):
+        run = open_run(path)
         try:
-            row, hists = metrics.itl_row(run, histograms=True)
+            return metrics.itl_row(run, histograms=True)
         finally:
             run.con.close()
-        return row, hists["itl"]
 
-    whole, whole_hist = itl(10**9)
-    split, split_hist = itl(1_000)  # about 20 parts
-    assert split_hist == whole_hist
-    assert {k: split[k] for k in ("itl_count", "itl_max", "itl_quantiles")} == \
-        {k: whole[k] for k in ("itl_count", "itl_max", "itl_quantiles")}
-    assert split["itl_mean"] == pytest.approx(whole["itl_mean"], rel=1e-14)
+    (runs_row, runs_hists), (rows_row, rows_hists) = itl(outdir), itl(rows_dir)
+    assert runs_hists == rows_hists and runs_row["itl_count"] > 5_000
+    assert {k: runs_row[k] for k in ("itl_count", "itl_max", "itl_quantiles")} == \
+        {k: rows_row[k] for k in ("itl_count", "itl_max", "itl_quantiles")}
+    assert runs_row["itl_mean"] == pytest.approx(rows_row["itl_mean"], rel=1e-13)

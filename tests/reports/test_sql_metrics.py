@@ -39,9 +39,15 @@ def run_dir(request, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def frames(run_dir):
     req = pd.read_parquet(run_dir / "requests.parquet")
-    chunks = pd.read_parquet(run_dir / "chunks.parquet")
-    chunks["request_id"] = chunks["request_id"].astype(str)
     steps = pd.read_parquet(run_dir / "steps.parquet")
+    # The chunk runs expanded here with numpy, independently of the `chunks` view.
+    runs = pd.read_parquet(run_dir / "chunks.parquet")
+    n = runs["num_steps"].to_numpy()
+    first = np.repeat(runs["first_step"].to_numpy(), n)
+    step = first + np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
+    end = (steps["start_ms"] + steps["duration_ms"]).to_numpy()  # steps are 0..N-1 in a single-replica run
+    chunks = pd.DataFrame({"request_id": req["request_id"].to_numpy()[np.repeat(runs["request"].to_numpy(), n)],
+                           "time_ms": end[step], "tokens": np.repeat(runs["tokens"].to_numpy(), n)})
     trace_path = json.loads((run_dir / "run.json").read_text())["trace"]["path"]
     trace = pq.read_table(trace_path).to_pandas()
     return req, chunks, steps, trace
