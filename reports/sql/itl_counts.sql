@@ -5,36 +5,41 @@
 -- BY time_ms)` over the `chunks` view, computed from the chunk runs (engine/output_schema.py) without
 -- expanding them:
 -- * inside a run, the gap after step s is end(s + 1) - end(s) of its replica, once for every run
---   covering both steps: a running sum of +1 at each run's first step and -1 at its last, over the
---   replica's steps, counts them (one pass over steps and runs, not over chunks);
+--   covering both steps: the count is a running sum of +1 at each run's first step and -1 at its
+--   last, taken over the change points only (two per run) and attached to every step by an ASOF
+--   join; the next step's end comes from a hash join on step + 1 (no window over the steps, whose
+--   sort is the costly part at tens of millions of steps);
 -- * between two runs of one request (a preemption, a change of replica or of MTP token count), the
 --   gap is the next run's first chunk time minus the previous run's last.
 -- Chunk times are step ends, start_ms + duration_ms of steps.parquet, the doubles the engine emitted.
 WITH ends AS (
-    SELECT replica, step, start_ms + duration_ms AS end_ms,
-           lead(start_ms + duration_ms) OVER (PARTITION BY replica ORDER BY step) AS next_end_ms
-    FROM steps
+    SELECT replica, step, start_ms + duration_ms AS end_ms FROM steps
 ),
 runs AS (
     SELECT request, replica, first_step, first_step + num_steps - 1 AS last_step
     FROM chunk_runs
     SEMI JOIN (SELECT request FROM request_rows WHERE status = 'finished') AS finished USING (request)
 ),
-within_runs AS (
-    SELECT next_end_ms - end_ms AS itl_ms, n
+coverage AS (
+    SELECT replica, step,
+           sum(delta) OVER (PARTITION BY replica ORDER BY step
+                            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS n
     FROM (
-        SELECT is_step, end_ms, next_end_ms,
-               sum(delta) OVER (PARTITION BY replica ORDER BY step, is_step
-                                ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS n
-        FROM (
-            SELECT replica, step, true AS is_step, 0 AS delta, end_ms, next_end_ms FROM ends
-            UNION ALL
-            SELECT replica, first_step, false, 1, NULL, NULL FROM runs WHERE last_step > first_step
-            UNION ALL
-            SELECT replica, last_step, false, -1, NULL, NULL FROM runs WHERE last_step > first_step
-        )
+        SELECT replica, step, sum(delta) AS delta
+        FROM (SELECT replica, first_step AS step, 1 AS delta FROM runs WHERE last_step > first_step
+              UNION ALL
+              SELECT replica, last_step, -1 FROM runs WHERE last_step > first_step)
+        GROUP BY ALL
     )
-    WHERE is_step AND n > 0
+),
+covered AS (
+    SELECT e.replica, e.step, e.end_ms, c.n
+    FROM ends e ASOF JOIN coverage c ON e.replica = c.replica AND e.step >= c.step
+    WHERE c.n > 0
+),
+within_runs AS (
+    SELECT nxt.end_ms - s.end_ms AS itl_ms, s.n
+    FROM covered s JOIN ends nxt ON nxt.replica = s.replica AND nxt.step = s.step + 1
 ),
 between_runs AS (
     SELECT first_ms - lag(last_ms) OVER (PARTITION BY request ORDER BY first_ms) AS itl_ms, 1 AS n

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import replay.engine.recorder as recorder_module
+from replay.engine.block_keys import BlockKeys
 from replay.engine.output_schema import STEPS_SCHEMA
 from replay.engine.recorder import Recorder
 from replay.engine.request import Request
@@ -112,7 +113,7 @@ def test_held_runs() -> None:
 
 def _recorder(tmp_path, n: int) -> tuple[Recorder, list[Request]]:
     table, meta = make_trace([{"input_tokens": 10, "output_tokens": 5}] * n)
-    reqs = [Request(i, f"r{i}", 0.0, 10, 5, None) for i in range(n)]  # type: ignore[arg-type]
+    reqs = [Request(i, f"r{i}", 0.0, 10, 5, BlockKeys([i], 0, 1, 16, 16, 10, unique_tag=i)) for i in range(n)]
     return Recorder(trace_arrays(table, meta.hash_block_size), tmp_path), reqs
 
 
