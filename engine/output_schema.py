@@ -55,7 +55,7 @@ REQUESTS_SCHEMA = pa.schema(
 CHUNKS_SCHEMA = pa.schema(
     [
         ("request", pa.int32()),      # the request's row in requests.parquet
-        ("replica", pa.int32()),      # 0 in a single-replica run
+        ("replica", pa.int32()),      # 0 in a single-replica run; within the decode pool when disaggregated
         ("first_step", pa.int64()),   # steps.parquet `step` of the run's first chunk
         ("num_steps", pa.int32()),
         ("tokens", pa.int32()),       # output tokens in each chunk (>1 only with MTP)

@@ -159,7 +159,12 @@ class Recorder:
 
     def _close_run(self, r: Request) -> None:
         runs = self._chunk_runs
-        runs.add(r.idx, r.run_replica, r.run_first_step, r.run_steps, r.run_tokens)
+        replica = r.run_replica
+        if self.pd_columns is not None:  # numbered within the decode pool, as steps.parquet numbers it
+            replica -= self.num_prefill
+            if replica < 0:
+                raise RuntimeError(f"request {r.request_id}: a prefill replica emitted output chunks")
+        runs.add(r.idx, replica, r.run_first_step, r.run_steps, r.run_tokens)
         r.run_steps = 0
         self._open_runs -= 1
         if runs.num_rows >= _CHUNK_RUNS_BUFFERED:

@@ -203,6 +203,11 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
         requests = sql_literal((outdir / REQUESTS_FILE).resolve())
         con.execute("CREATE OR REPLACE VIEW request_rows AS SELECT file_row_number::INTEGER AS request, "
                     f"request_id, status FROM read_parquet({requests}, file_row_number = true)")
+        # Each step's end; in a disaggregated fleet only the decode pool's steps (replica numbered
+        # within the pool) emit output chunks.
+        decode_only = " WHERE pool = 'decode'" if "pool" in pq.read_schema(outdir / STEPS_FILE).names else ""
+        con.execute("CREATE OR REPLACE VIEW step_ends AS SELECT replica, step, start_ms + duration_ms AS end_ms "
+                    "FROM steps" + decode_only)
         con.execute("CREATE OR REPLACE VIEW chunks AS " + sql("chunks"))
         con.execute("CREATE OR REPLACE VIEW itl_counts AS " + sql("itl_counts"))
     notes: list[str] = []

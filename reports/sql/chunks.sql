@@ -3,5 +3,5 @@
 SELECT q.request_id, e.end_ms AS time_ms, c.tokens
 FROM (SELECT request, replica, tokens, unnest(range(first_step, first_step + num_steps)) AS step
       FROM chunk_runs) AS c
-JOIN (SELECT replica, step, start_ms + duration_ms AS end_ms FROM steps) AS e USING (replica, step)
+JOIN step_ends AS e USING (replica, step)
 JOIN request_rows AS q USING (request)

@@ -13,7 +13,7 @@
 --   gap is the next run's first chunk time minus the previous run's last.
 -- Chunk times are step ends, start_ms + duration_ms of steps.parquet, the doubles the engine emitted.
 WITH ends AS (
-    SELECT replica, step, start_ms + duration_ms AS end_ms FROM steps
+    SELECT replica, step, end_ms FROM step_ends
 ),
 runs AS (
     SELECT request, replica, first_step, first_step + num_steps - 1 AS last_step

@@ -12,6 +12,7 @@ from replay.engine import pd_run
 from replay.engine.config import EngineConfig, validate_config
 from replay.engine.kv_transfer import Transfer, TransferNetwork
 from replay.engine.run import replay_trace
+from replay.reports.views import read_chunks
 from tests.engine.test_fleet import ContextTimer, _rows
 from tests.engine_helpers import FixedTimer, make_trace, setup_for
 
@@ -37,7 +38,7 @@ def _replay(rows, tmp_path, data: dict, monkeypatch, *, timer=None, blocks: int 
     info = replay_trace(table, meta, cfg, out, setup=setup_for(decode_blocks or blocks, timer),
                         check_invariants=True, **kw).run_info
     reqs = pd.read_parquet(out / "requests.parquet").set_index("request_id")
-    return reqs, pd.read_parquet(out / "chunks.parquet"), pd.read_parquet(out / "steps.parquet"), info
+    return reqs, read_chunks(out).to_pandas(), pd.read_parquet(out / "steps.parquet"), info
 
 
 # -- the exact degenerate case ---------------------------------------------------------------------
@@ -78,7 +79,7 @@ def _agg_rows(tmp_path, data, rows, blocks):
     out = tmp_path / "agg"
     replay_trace(table, meta, EngineConfig.model_validate(data), out, setup=setup_for(blocks, ContextTimer()),
                  check_invariants=True)
-    return pd.read_parquet(out / "requests.parquet"), pd.read_parquet(out / "chunks.parquet")
+    return pd.read_parquet(out / "requests.parquet"), read_chunks(out).to_pandas()
 
 
 @pytest.mark.parametrize("router", ["round_robin", "kv_aware", "least_loaded"])
