@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from replay.base.parquet_io import CHECKSUMS
-from replay.engine.output_schema import REQUESTS_FILE
+from replay.engine.output_schema import CHUNKS_FILE, REQUESTS_FILE
 
 _ROWS_PER_GROUP = 1 << 20
 _WRITE_OPTIONS = dict(compression="snappy", write_statistics=True, use_dictionary=True, **CHECKSUMS)
@@ -45,17 +45,16 @@ def merge_requests(folders: list[Path], rows: list[np.ndarray], offsets: list[in
     """The clusters' requests files as one, in trace order (``rows``: each file's trace rows)."""
     tables = [_offset_replicas(pq.read_table(f / REQUESTS_FILE), off) for f, off in zip(folders, offsets)]
     table = pa.concat_tables(tables)
-    every = np.concatenate(rows)
-    if not np.array_equal(np.sort(every), np.arange(len(every))):
-        # chunks.parquet's runs name each request by its trace row, its row in this file
-        raise RuntimeError("the clusters' requests are not the trace's first rows, each once")
-    order = np.argsort(every, kind="stable")
+    order = np.argsort(np.concatenate(rows), kind="stable")
     table = table.take(pa.array(order))
     pq.write_table(table, dst / REQUESTS_FILE, row_group_size=_ROWS_PER_GROUP, **_WRITE_OPTIONS)
 
 
-def merge_rows(folders: list[Path], name: str, offsets: list[int], dst: Path) -> None:
-    """One Parquet output, the clusters' rows one cluster after another, streamed."""
+def merge_rows(folders: list[Path], name: str, offsets: list[int], dst: Path,
+               request_rows: np.ndarray | None = None) -> None:
+    """One Parquet output, the clusters' rows one cluster after another, streamed. ``request_rows``
+    (chunks.parquet): every replayed trace row, ascending; a cluster's chunk runs name their request
+    by trace row, the merged file by its position there (its row in the merged requests file)."""
     writer = None
     try:
         for folder, off in zip(folders, offsets):
@@ -63,6 +62,10 @@ def merge_rows(folders: list[Path], name: str, offsets: list[int], dst: Path) ->
             if writer is None:
                 writer = pq.ParquetWriter(dst / name, src.schema_arrow, **_WRITE_OPTIONS)
             for batch in src.iter_batches(batch_size=_ROWS_PER_GROUP):
+                if request_rows is not None:
+                    i = batch.schema.get_field_index("request")
+                    mapped = np.searchsorted(request_rows, batch.column(i).to_numpy()).astype(np.int32)
+                    batch = batch.set_column(i, batch.schema.field(i), pa.array(mapped))
                 writer.write_table(pa.Table.from_batches([_offset_replicas(batch, off)]),
                                    row_group_size=_ROWS_PER_GROUP)
     finally:
@@ -75,4 +78,5 @@ def merge_outputs(folders: list[Path], rows: list[np.ndarray], offsets: list[int
     merge_requests(folders, rows, offsets, dst)
     for name in cluster_files(folders[0]):
         if name != REQUESTS_FILE:
-            merge_rows(folders, name, offsets, dst)
+            merge_rows(folders, name, offsets, dst,
+                       np.sort(np.concatenate(rows)) if name == CHUNKS_FILE else None)

@@ -55,7 +55,8 @@ def _stream_opts(schema: pa.Schema) -> dict:
 class Recorder:
     def __init__(self, trace: TraceArrays, outdir: Path, *, replica_column: bool = False,
                  pd_columns: PDRequestColumns | None = None, num_prefill: int = 0,
-                 tier_names: list[str] | None = None, cluster_part: bool = False) -> None:
+                 tier_names: list[str] | None = None, cluster_part: bool = False,
+                 request_rows: np.ndarray | None = None) -> None:
         """``replica_column``: a fleet of more than one replica adds a ``replica`` column to
         requests.parquet and steps.parquet (a fleet of one writes exactly the single-engine files).
         ``pd_columns``: a disaggregated fleet (``num_prefill`` prefill replicas numbered first) adds
@@ -66,6 +67,9 @@ class Recorder:
         # rows, which are rows of the merged requests file (engine/cluster_merge.py checks), not of
         # the cluster's own.
         self.cluster_part = cluster_part
+        # The trace rows requests.parquet will hold, ascending (the replay's selected rows, e.g. a
+        # load.window slice): a chunk run's request is its position there. None: the first rows.
+        self.request_rows = request_rows
         n = len(trace)
         self.trace = trace
         self.outdir = outdir
@@ -239,6 +243,8 @@ class Recorder:
         due = self._chunk_cutter.cut(runs.columns(), final)
         if due is None:
             return
+        if self.request_rows is not None:
+            due[0] = np.searchsorted(self.request_rows, due[0]).astype(np.int32)
         table = pa.Table.from_arrays([pa.array(v) for v in due], schema=CHUNKS_SCHEMA)
         self._chunk_writer.write_table(table, row_group_size=_ROW_GROUP)
 
@@ -282,6 +288,11 @@ class Recorder:
     def _check_request_rows(self) -> None:
         """A chunk run names its request by trace row, which is its row in requests.parquet only
         while the replayed rows are the trace's first ones (the first ``load.max_requests``)."""
+        if self.request_rows is not None:
+            if not np.array_equal(np.flatnonzero(self.replayed), self.request_rows):
+                raise RuntimeError("the replayed requests are not the selected rows: chunk runs' request rows "
+                                   "would not match requests.parquet")
+            return
         n = int(self.replayed.sum())
         if not self.replayed[:n].all():
             raise RuntimeError("the replayed requests are not the trace's first rows: chunk runs' request "

@@ -351,7 +351,7 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
         if disaggregated:
             columns = PDRequestColumns(len(trace))
             recorder = Recorder(trace, tmp, replica_column=True, pd_columns=columns,
-                                num_prefill=len(pd_parts.prefill.schedulers))
+                                num_prefill=len(pd_parts.prefill.schedulers), request_rows=requests.selected)
             pd_loop = run_pd_fleet(trace, config, pd_parts, requests.rejected, recorder, columns, progress=progress,
                                    fast_forward=fast_forward, check_invariants=check_invariants)
             pools = pools_summary(pd_loop, pd_parts, pd_loop.now)
@@ -359,7 +359,7 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
         else:
             scaled = config.fleet is not None and config.fleet.autoscale is not None
             recorder = Recorder(trace, tmp, replica_column=len(parts.schedulers) > 1 or scaled,
-                                tier_names=tier_names(config))
+                                tier_names=tier_names(config), request_rows=requests.selected)
             loop = run_fleet(trace, config, setup, parts, requests, recorder, progress=progress,
                              fast_forward=fast_forward, check_invariants=check_invariants)
         scaler = loop.control if isinstance(loop.control, FleetScaler) else None
