@@ -2,7 +2,8 @@
 what one row per chunk gave. The reference here is the engine's own emission stream, caught as it
 happens (every request the scheduler emits for, at the step's end time; every running request at
 each step end of a decode window), i.e. the rows the recorder wrote before runs, on replays with
-decode windows, MTP, preemptions, a G2 tier, fleets, a disaggregated fleet and a fleet of clusters."""
+decode windows, MTP, preemptions, a G2 tier, fleets, a disaggregated fleet, a fleet of clusters and a
+load.window slice."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ CASES = {
                   "kv_cache.num_gpu_blocks=1200"],
     "disaggregated": ["fleet.mode=disaggregated", "fleet.prefill.replicas=1", "fleet.decode.replicas=2"],
     "clusters": ["fleet.replicas=4", "fleet.clusters=2", "fleet.router=kv_aware"],
+    "window": ["load.window=00:00:20-00:02:00"],  # a slice: requests.parquet does not start at trace row 0
 }
 
 
