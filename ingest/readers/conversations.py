@@ -98,7 +98,10 @@ class ConversationReader(RecordReader):
             try:
                 if not isinstance(obj, dict):
                     raise Bad("<json>", "a conversation must be a JSON object")
-                for row in self._rows(obj, i):
+                rows = self._rows(obj, i)
+                if not rows:
+                    self.skip("conversations without an assistant reply after a prompt (no request to replay)")
+                for row in rows:
                     yield Item(i, None, row)
             except Bad as bad:
                 yield self.reject(i, None, bad, obj)

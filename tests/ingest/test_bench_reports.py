@@ -204,3 +204,13 @@ def test_odd_shapes_are_errors_not_tracebacks(tmp_path: Path, name: str, doc) ->
     path.write_text(json.dumps(doc))
     with pytest.raises(TraceError, match=name):
         load_trace(path)
+
+
+def test_conversation_without_reply_is_counted_as_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "share.json"
+    path.write_text(json.dumps([
+        {"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},
+        {"id": "b", "conversations": [{"from": "human", "value": "anyone there?"}]}]))
+    result = convert(path, tmp_path / "s.parquet")
+    assert result.rows_written == 1
+    assert result.skipped == {"conversations without an assistant reply after a prompt (no request to replay)": 1}
