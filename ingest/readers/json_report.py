@@ -24,6 +24,8 @@ def load_json_report(path: Path, tool: str) -> Any:
     exporter) becomes the list of its documents."""
     with open_binary(path) as fh:
         raw = fh.read()
+    if not raw.strip():
+        raise TraceError(f"empty file; not a {tool} file", path=str(path))
     try:
         return json.loads(raw)
     except ValueError as exc:

@@ -154,24 +154,14 @@ class TextIds:
 
 
 def load_json_document(path) -> Any:
-    """A whole JSON file (one document), or the list of objects of a JSON Lines file."""
-    with open_binary(path) as fh:
-        raw = fh.read()
-    try:
-        return json.loads(raw)
-    except ValueError:
-        pass
-    out = []
-    for lineno, line in enumerate(raw.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except ValueError as exc:
-            from replay.base.errors import TraceError
+    """A whole JSON file (one document), or the list of objects of a JSON Lines file; a document cut
+    short is one error saying so (``json_report.load_json_report``), an empty file an empty list."""
+    from .json_report import load_json_report
 
-            raise TraceError(f"invalid JSON: {exc}", path=str(path), line=lineno) from None
-    return out
+    with open_binary(path) as fh:
+        if not fh.read(1 << 16).strip():
+            return []
+    return load_json_report(path, "JSON")
 
 
 def json_lines(path) -> Iterator[tuple[int, int, Any]]:

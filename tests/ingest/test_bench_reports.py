@@ -100,7 +100,8 @@ def test_guidellm_only_errored_requests_is_one_clear_error(tmp_path: Path) -> No
         load_trace(bad, drop_failed=True)
 
 
-@pytest.mark.parametrize("name", ["guidellm_v03_benchmarks.json", "vllm_spans_jaeger.json",
+@pytest.mark.parametrize("name", ["guidellm_v03_benchmarks.json", "vllm_spans_jaeger.json", "vllm_bench_detailed.json",
+                                  "genai_perf_profile_export.json",
                                   "inference_perf_v06_per_request.json"])
 def test_truncated_json_is_one_clear_error(tmp_path: Path, name: str) -> None:
     raw = (LOGS / name).read_bytes()
