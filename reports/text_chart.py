@@ -27,8 +27,9 @@ def _fmt(value: float) -> str:
 
 
 def cdf_chart(title: str, unit: str, measured: list[float], predicted: list[float],
-              size: ChartSize = ChartSize()) -> str:
+              size: ChartSize = ChartSize(), counts: tuple[int, int] | None = None) -> str:
     """Both empirical CDFs on one grid: ``*`` measured, ``o`` predicted, ``#`` where they meet.
+    ``counts`` gives the sample sizes when the values are a curve's quantile points, not the samples.
     The x axis runs from the smallest value to the larger of the two 99% order statistics (the
     largest value below 100 samples; the tails beyond are in the table's p99); log scaled when that range spans more than ``LOG_SPREAD``x."""
     m = np.sort(np.asarray(measured, dtype=float))
@@ -49,7 +50,8 @@ def cdf_chart(title: str, unit: str, measured: list[float], predicted: list[floa
         for col, row in enumerate(rows.tolist()):
             cell = grid[size.height - 1 - row]
             cell[col] = BOTH if cell[col] not in (" ", mark) else mark
-    lines = [f"{title} ({unit}): CDF, {MEASURED} measured ({len(m):,}), {PREDICTED} predicted ({len(p):,}), "
+    n_m, n_p = counts or (len(m), len(p))
+    lines = [f"{title} ({unit}): CDF, {MEASURED} measured ({n_m:,}), {PREDICTED} predicted ({n_p:,}), "
              f"{BOTH} both" + (", log x" if log else "")]
     for i, row in enumerate(grid):
         level = 1.0 - i / (size.height - 1)

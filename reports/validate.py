@@ -25,11 +25,14 @@ from replay.ingest.schema import LABEL_COLUMNS, MEASURED_COLUMNS, TraceMetadata
 from replay.reports.sqlfiles import sql
 from replay.reports.views import Run, open_run
 
-METRICS = {"ttft": ("TTFT", "ms"), "tpot": ("TPOT", "ms"), "itl": ("ITL", "ms"), "e2e": ("E2E latency", "ms"),
+METRICS = {"ttft": ("TTFT", "ms"), "tpot": ("TPOT", "ms"), "itl": ("ITL", "ms"),
+           "itl_gaps": ("ITL, every gap", "ms"), "e2e": ("E2E latency", "ms"),
            "queue": ("queue time", "ms"), "prefill": ("prefill time", "ms"), "decode": ("decode time", "ms"),
            "cached_tokens": ("cached prompt tokens", "tokens")}
 COMPARED = ("measured_ttft_ms", "measured_tpot_ms", "measured_itl_mean_ms", "measured_e2e_ms", "measured_queue_ms",
             "measured_prefill_ms", "measured_decode_ms", "measured_cached_tokens")
+POOLED = ("itl_gaps",)  # distributions of pooled samples: no per-request pairs, errors or scatter
+CDF_QUANTILES = [i / 200 for i in range(201)]  # the pooled CDFs' points for the charts
 NO_GROUP = "all"
 WORST_LIMIT = 10
 
@@ -46,7 +49,8 @@ class Validation:
     worst: list[dict[str, Any]]
     differences: list[str]
     unrecorded: list[str]
-    samples: dict[str, dict[str, list[float]]] = field(default_factory=dict, repr=False)  # charts only
+    # charts only: per metric the paired values (pooled metrics: quantile points and sample counts)
+    samples: dict[str, dict[str, list[float]]] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -202,6 +206,48 @@ def _samples(run: Run) -> dict[str, dict[str, list[float]]]:
     return out
 
 
+def _measured_gaps(source: pa.Table, grp: pa.Array) -> pa.Table | None:
+    """One row per recorded gap (request_id, grp, gap_ms), or None when the log has no gap lists."""
+    if "measured_itl_ms" not in source.column_names:
+        return None
+    gaps = source.column("measured_itl_ms").combine_chunks()
+    flat = pc.list_flatten(gaps)
+    if len(flat) == 0:
+        return None
+    parents = pc.list_parent_indices(gaps)
+    return pa.table({"request_id": source.column("request_id").cast(pa.string()).combine_chunks().take(parents),
+                     "grp": grp.take(parents), "gap_ms": flat.cast(pa.float64())})
+
+
+def _pooled_gaps(run: Run, gaps: pa.Table | None, summary: list[dict[str, Any]],
+                 samples: dict[str, dict[str, list[float]]]) -> None:
+    """Append the pooled ITL gap distributions to ``summary`` (one row per group) and their
+    quantile curves to ``samples``."""
+    if gaps is None:
+        return
+    run.con.register("measured_gaps", gaps)
+    run.con.execute(sql("validate_gaps"))
+    rows = _records(run.con.execute(sql("validate_gaps_summary")))
+    appended = False
+    for r in rows:
+        if not r["measured_n"] or not r["predicted_n"]:
+            continue
+        appended = True
+        summary.append({"metric": "itl_gaps", "grp": r["grp"], "requests": r["measured_n"],
+                        "measured_mean": r["measured_mean"], "predicted_mean": r["predicted_mean"],
+                        "measured_q": r["measured_q"], "predicted_q": r["predicted_q"], "mape_pct": None,
+                        "bias": r["predicted_mean"] - r["measured_mean"], "abs_error_p50": None,
+                        "abs_error_p90": None, "abs_error_max": None, "predicted_gaps": r["predicted_n"]})
+    if not appended:
+        return
+    curves = {side: (n, points) for side, n, points in
+              run.con.execute(sql("validate_gaps_cdf"), {"points": CDF_QUANTILES}).fetchall()}
+    samples["itl_gaps"] = {"measured": curves["measured"][1], "predicted": curves["predicted"][1], "ape": [],
+                           "counts": [curves["measured"][0], curves["predicted"][0]]}
+    order = list(METRICS)
+    summary.sort(key=lambda s: (order.index(s["metric"]), str(s["grp"])))
+
+
 def _records(cur) -> list[dict[str, Any]]:
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
@@ -223,6 +269,7 @@ def compute_validation(outdir: str | Path, *, measured: str | Path | None = None
         summary = _records(run.con.execute(sql("validate_summary")))
         worst_rows = _records(run.con.execute(sql("validate_worst"), {"limit": worst}))
         samples = _samples(run)
+        _pooled_gaps(run, _measured_gaps(source, table.column("grp")), summary, samples)
         models = (source.column("model").unique().drop_null().to_pylist() if "model" in source.column_names else [])
         differences, unrecorded = condition_differences(run.info, meta, models)
     finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from replay.reports.plotting import COLORS, cdf_chart, plt, save_figure, use_log_scale
-from replay.reports.validate import METRICS, Validation
+from replay.reports.validate import METRICS, POOLED, Validation
 
 PANELS_PER_ROW = 4  # scatter panels per row (up to eight metrics: TTFT ... cached tokens)
 CDF_POINTS = 2000  # at most this many evenly spaced order statistics per curve (exact at each point)
@@ -17,7 +17,7 @@ CDF_POINTS = 2000  # at most this many evenly spaced order statistics per curve 
 
 def scatter_chart(path: Path, v: Validation) -> Path:
     """One panel per metric: each request's prediction against its measurement, with y = x."""
-    metrics = [m for m in METRICS if m in v.samples]
+    metrics = [m for m in METRICS if m in v.samples and m not in POOLED]
     cols = min(PANELS_PER_ROW, len(metrics))
     rows = -(-len(metrics) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 4.0 * rows), squeeze=False)
@@ -54,13 +54,14 @@ def _empirical_cdf(values: list[float]) -> list[tuple[float, float]]:
 
 
 def error_cdf_chart(path: Path, v: Validation) -> Path:
-    series = [(METRICS[m][0], _empirical_cdf(v.samples[m]["ape"])) for m in METRICS if m in v.samples]
+    series = [(METRICS[m][0], _empirical_cdf(v.samples[m]["ape"])) for m in METRICS
+              if m in v.samples and m not in POOLED]
     return cdf_chart(path, "Relative error of the replay per request (|predicted - measured| / measured)",
                      series, "absolute error (% of measured)", marks=(0.5, 0.9))
 
 
 def validation_charts(directory: Path, v: Validation) -> dict[str, Path]:
-    if not v.samples:
+    if not any(m not in POOLED for m in v.samples):
         return {}
     return {"scatter": scatter_chart(directory / "predicted_vs_measured.png", v),
             "error_cdf": error_cdf_chart(directory / "error_cdf.png", v)}

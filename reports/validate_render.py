@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from replay.reports.fmt import md_table, num
-from replay.reports.validate import METRICS, NO_GROUP, Validation
+from replay.reports.validate import METRICS, NO_GROUP, POOLED, Validation
 
 DISTRIBUTION_NOTE = ("Both distributions over the same requests (finished in the replay, measured in the log); error = "
                      "predicted - measured of each statistic, error % = error / measured. ITL = each request's mean "
-                     "gap between streamed chunks; queue, prefill and decode are the server-side phases of vLLM's "
+                     "gap between streamed chunks; ITL, every gap = all gaps pooled (vLLM's ITL; requests = the "
+                     "measured gaps; no per-request error); queue, prefill and decode are the server-side phases of vLLM's "
                      "request spans (first scheduled - arrival, first token - first scheduled, last - first token).")
 ERROR_NOTE = ("Error = predicted - measured, per finished request matched by request_id. MAPE = mean of "
               "|error| / measured over requests with a positive measurement; bias = mean error (positive: the "
@@ -23,7 +24,7 @@ STATS = (("mean", "measured_mean", "predicted_mean", None), ("p50", "measured_q"
          ("p90", "measured_q", "predicted_q", 1), ("p99", "measured_q", "predicted_q", 2))
 
 
-SHORT_NAMES = {"ttft": "TTFT ms", "tpot": "TPOT ms", "itl": "ITL ms", "e2e": "E2E ms", "queue": "queue ms",
+SHORT_NAMES = {"ttft": "TTFT ms", "tpot": "TPOT ms", "itl": "ITL ms", "itl_gaps": "ITL gaps ms", "e2e": "E2E ms", "queue": "queue ms",
                "prefill": "prefill ms", "decode": "decode ms", "cached_tokens": "cached tok"}
 
 
@@ -70,7 +71,9 @@ def cdf_charts_text(v: Validation) -> list[str]:
         d = v.samples.get(metric)
         if metric == "cached_tokens" or not d or len(d["measured"]) < 2:
             continue
-        out.append(cdf_chart(label, unit, d["measured"], d["predicted"]))
+        counts = d.get("counts")
+        out.append(cdf_chart(label, unit, d["measured"], d["predicted"],
+                             counts=(int(counts[0]), int(counts[1])) if counts else None))
     return out
 
 
@@ -79,7 +82,7 @@ def summary_table(v: Validation) -> str:
     header = (["metric"] + ([v.by] if grouped else []) +
               ["requests", "measured mean", "predicted mean", "MAPE", "bias", "abs error p50", "abs error p90"])
     rows = []
-    for s in v.summary:
+    for s in (s for s in v.summary if s["metric"] not in POOLED):
         label, unit = METRICS[s["metric"]]
         u = _unit(s["metric"])
         rows.append([f"{label} ({unit})"] + ([str(s["grp"])] if grouped else []) +

@@ -138,3 +138,21 @@ def test_export_guidellm_round_trip(guidellm_run: Path, tmp_path: Path) -> None:
             assert s["abs_error_max"] < 1e-3, s  # epoch seconds in float64: about 1e-4 ms of noise
     second = export(guidellm_run, "guidellm", tmp_path / "again.json")
     assert second.read_bytes() == out.read_bytes()
+
+
+def test_pooled_itl_gaps_round_trip(aiperf_run: Path, tmp_path: Path) -> None:
+    """Every gap pooled (vLLM's ITL): an export read back has the same pooled distribution, and the
+    count is every chunk after each request's first."""
+    import pyarrow.parquet as pq
+
+    exported = export(aiperf_run, "vllm-bench", tmp_path / "b.json")
+    v = compute_validation(aiperf_run, measured=exported)
+    gaps = _summary(v)[("itl_gaps", "all")]
+    chunks = pq.read_table(aiperf_run / "chunks.parquet").to_pylist()
+    per_request: dict[str, int] = {}
+    for c in chunks:
+        per_request[c["request_id"]] = per_request.get(c["request_id"], 0) + 1
+    assert gaps["requests"] == gaps["predicted_gaps"] == sum(n - 1 for n in per_request.values())
+    assert gaps["measured_q"] == pytest.approx(gaps["predicted_q"], abs=1e-9)
+    assert gaps["mape_pct"] is None and v.samples["itl_gaps"]["counts"] == [gaps["requests"]] * 2
+    assert "itl_gaps" not in {w["metric"] for w in v.worst}
