@@ -151,6 +151,12 @@ def condition_differences(info: dict[str, Any], meta: TraceMetadata | None,
     if meta is not None and meta.timestamps == "absent" and mode == "trace_timestamps":
         diffs.append("the log has no arrival times, yet the replay used trace timestamps: every request "
                      "arrived at 0 (give --set load.mode=concurrency or poisson to match how the log was produced)")
+    levels = source.get("benchmarks") if isinstance(source.get("benchmarks"), list) else []
+    limited = [b.get("source_run") for b in levels if isinstance(b, dict) and b.get("max_concurrency")]
+    if len(levels) > 1 and limited and mode == "trace_timestamps":
+        diffs.append(f"the log holds {len(levels)} benchmarks; in {', '.join(map(str, limited))} the client kept a "
+                     "concurrency limit, which a replay at the recorded send times does not reproduce (ingest one "
+                     "with --where source_run=... and replay it with load.mode=concurrency)")
     conc = source.get("max_concurrency")
     if conc not in (None, "inf"):
         if mode == "trace_timestamps" and meta is not None and meta.timestamps == "recorded":

@@ -156,3 +156,9 @@ def test_pooled_itl_gaps_round_trip(aiperf_run: Path, tmp_path: Path) -> None:
     assert gaps["measured_q"] == pytest.approx(gaps["predicted_q"], abs=1e-9)
     assert gaps["mape_pct"] is None and v.samples["itl_gaps"]["counts"] == [gaps["requests"]] * 2
     assert "itl_gaps" not in {w["metric"] for w in v.worst}
+
+
+def test_sweep_with_concurrency_levels_is_stated(guidellm_run: Path) -> None:
+    v = compute_validation(guidellm_run)
+    assert any("the log holds 2 benchmarks; in concurrent@2 the client kept a concurrency limit" in d
+               for d in v.differences)
