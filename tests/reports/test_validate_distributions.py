@@ -148,10 +148,10 @@ def test_pooled_itl_gaps_round_trip(aiperf_run: Path, tmp_path: Path) -> None:
     exported = export(aiperf_run, "vllm-bench", tmp_path / "b.json")
     v = compute_validation(aiperf_run, measured=exported)
     gaps = _summary(v)[("itl_gaps", "all")]
-    chunks = pq.read_table(aiperf_run / "chunks.parquet").to_pylist()
-    per_request: dict[str, int] = {}
-    for c in chunks:
-        per_request[c["request_id"]] = per_request.get(c["request_id"], 0) + 1
+    runs = pq.read_table(aiperf_run / "chunks.parquet").to_pylist()  # one row per run of chunks
+    per_request: dict[int, int] = {}
+    for run in runs:
+        per_request[run["request"]] = per_request.get(run["request"], 0) + run["num_steps"]
     assert gaps["requests"] == gaps["predicted_gaps"] == sum(n - 1 for n in per_request.values())
     assert gaps["measured_q"] == pytest.approx(gaps["predicted_q"], abs=1e-9)
     assert gaps["mape_pct"] is None and v.samples["itl_gaps"]["counts"] == [gaps["requests"]] * 2
