@@ -150,8 +150,8 @@ def test_pooled_itl_gaps_round_trip(aiperf_run: Path, tmp_path: Path) -> None:
     gaps = _summary(v)[("itl_gaps", "all")]
     runs = pq.read_table(aiperf_run / "chunks.parquet").to_pylist()  # one row per run of chunks
     per_request: dict[int, int] = {}
-    for run in runs:
-        per_request[run["request"]] = per_request.get(run["request"], 0) + run["num_steps"]
+    for chunk_run in runs:
+        per_request[chunk_run["request"]] = per_request.get(chunk_run["request"], 0) + chunk_run["num_steps"]
     assert gaps["requests"] == gaps["predicted_gaps"] == sum(n - 1 for n in per_request.values())
     assert gaps["measured_q"] == pytest.approx(gaps["predicted_q"], abs=1e-9)
     assert gaps["mape_pct"] is None and v.samples["itl_gaps"]["counts"] == [gaps["requests"]] * 2
