@@ -108,12 +108,7 @@ def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup,
     loop = FleetLoop(trace, cp.plan, cores, router, recorder, block_size=config.kv_cache.block_size,
                      hash_lookahead=schedulers[0].kv.hash_lookahead, rejected=cp.rejected,
                      router_latency_ms=fleet.router_latency_ms)
-    try:
-        loop.run()
-    except BaseException:
-        recorder.abort()
-        raise
-    recorder.close()
+    loop.run_recorded()
     rows = np.flatnonzero(recorder.replayed)
     replica = recorder.replica[rows].astype(np.int64)
     replica[replica >= 0] += cp.replica_offset

@@ -466,6 +466,15 @@ class FleetLoop:
         self._seq += 1
         heapq.heappush(self._heap, (t, phase, self._seq, core.replica, core.version))
 
+    def run_recorded(self) -> None:
+        """Run to the end and close the recorder; on any failure abort it, so no half output stays."""
+        try:
+            self.run()
+        except BaseException:
+            self.rec.abort()
+            raise
+        self.rec.close()
+
     def run(self) -> None:
         plan = self.plan
         if self.control is not None:

@@ -134,12 +134,7 @@ def run_pd_fleet(trace: TraceArrays, config: EngineConfig, parts: PDParts, rejec
                        local_prefill_max_tokens=fleet.local_prefill_max_tokens,
                        prefill_queue_max=fleet.prefill_queue_max,
                        router_latency_ms=fleet.router_latency_ms, progress=progress)
-    try:
-        loop.run()
-    except BaseException:
-        recorder.abort()
-        raise
-    recorder.close()
+    loop.run_recorded()
     return loop
 
 

@@ -285,12 +285,7 @@ def run_fleet(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, part
                      control=scaler, admission=admission)
     if parts.tier_pools is not None:
         parts.tier_pools.set_clock(lambda: loop.now)
-    try:
-        loop.run()
-    except BaseException:
-        recorder.abort()
-        raise
-    recorder.close()
+    loop.run_recorded()
     return loop
 
 
