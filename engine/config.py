@@ -179,8 +179,8 @@ class FleetConfig(StrictModel):
         pd_keys = ("prefill", "decode", "kv_transfer", "prefill_router", "prefill_router_options",
                    "local_prefill_max_tokens", "prefill_queue_max")
         if self.mode == "disaggregated" and (self.autoscale is not None or self.admission is not None):
-            raise ValueError("fleet.autoscale and fleet.admission apply to an aggregated fleet (per pool in a "
-                             "disaggregated fleet is not modeled yet)")
+            raise ValueError("a disaggregated fleet scales per pool (fleet.prefill.autoscale, fleet.decode.autoscale);"
+                             " fleet.autoscale and fleet.admission apply to an aggregated fleet")
         if self.mode == "aggregated":  # (a dumped config carries the defaults: only other values count)
             given = [k for k in pd_keys if getattr(self, k) != FleetConfig.model_fields[k].get_default(
                 call_default_factory=True)]
@@ -190,6 +190,7 @@ class FleetConfig(StrictModel):
         for pool in ("prefill", "decode"):
             if getattr(self, pool) is None:
                 raise ValueError(f"fleet.mode disaggregated needs fleet.{pool} (at least {{replicas: N}})")
+            getattr(self, pool).check_objective(pool)
         if self.replicas != 1:
             raise ValueError("fleet.replicas: a disaggregated fleet sizes its pools with fleet.prefill.replicas "
                              "and fleet.decode.replicas")

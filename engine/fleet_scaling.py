@@ -75,17 +75,26 @@ class ScalingRow:
     running: int
     kv_usage: float  # mean over the live replicas
     predicted_rate: float  # policy slo: requests/s predicted for the next interval (else NaN)
+    pool: str | None = None  # a disaggregated fleet's pool (prefill or decode); None: the whole fleet
 
 
 CoreFactory = Callable[[int], EngineCore]
+IdleFn = Callable[[EngineCore], bool]
 
 
 class FleetScaler:
     """Carries out the autoscaler's targets on a fleet loop (see the module doc)."""
 
     def __init__(self, cfg: AutoscaleConfig, autoscaler: Autoscaler, new_core: CoreFactory, trace: TraceArrays,
-                 total_requests: int, initial_cores: list[EngineCore]) -> None:
+                 total_requests: int, initial_cores: list[EngineCore], *, pool: str | None = None,
+                 replica_offset: int = 0, idle: IdleFn | None = None) -> None:
+        """``pool``, ``replica_offset``: one pool of a disaggregated fleet, whose replica ids (what its
+        router and its rows name) are the engines' fleet numbers less the offset. ``idle``: when a
+        draining replica may retire (default: nothing queued or running on it)."""
         self.cfg = cfg
+        self.pool = pool
+        self.offset = replica_offset
+        self.idle = idle or _idle
         self.autoscaler = autoscaler
         self.new_core = new_core
         self.trace = trace
@@ -96,9 +105,9 @@ class FleetScaler:
         self.lives: list[ReplicaLife] = []
         self.current: dict[int, ReplicaLife] = {}  # id -> its life while provisioning, live or draining
         for core in initial_cores:
-            life = ReplicaLife(core.replica, 0.0, joined_ms=0.0, state=LIVE, core=core)
+            life = ReplicaLife(core.replica - replica_offset, 0.0, joined_ms=0.0, state=LIVE, core=core)
             self.lives.append(life)
-            self.current[core.replica] = life
+            self.current[life.replica] = life
         self.rows: list[ScalingRow] = []
         self._arrivals = 0
         self._arrival_in = 0
@@ -115,8 +124,8 @@ class FleetScaler:
         self._arrival_out += int(self.trace.output_tokens[idx])
 
     def request_finished(self, core: EngineCore, end_ms: float) -> None:
-        life = self.current.get(core.replica)
-        if life is not None and life.state == DRAINING and _idle(core):
+        life = self.current.get(core.replica - self.offset)
+        if life is not None and life.state == DRAINING and life.core is core and self.idle(core):
             self._retire(life, end_ms)
 
     def act(self, now: float, loop: FleetLoop) -> None:
@@ -162,7 +171,7 @@ class FleetScaler:
             rejected=rejected - self._rejected_seen,
             waiting=sum(lf.core.num_waiting for lf in self.current.values() if lf.core is not None),
             running=sum(lf.core.num_running for lf in self.current.values() if lf.core is not None),
-            kv_usage=s.kv_usage, predicted_rate=prediction[0] if prediction else float("nan")))
+            kv_usage=s.kv_usage, predicted_rate=prediction[0] if prediction else float("nan"), pool=self.pool))
         self._rejected_seen = rejected
         self._arrivals = self._arrival_in = self._arrival_out = 0
 
@@ -200,7 +209,7 @@ class FleetScaler:
             life.state = DRAINING
             life.drain_ms = now
             loop.remove_live_replica(life.replica)
-            if _idle(life.core):
+            if life.core is not None and self.idle(life.core):
                 self._retire(life, now)
 
     def _retire(self, life: ReplicaLife, now: float) -> None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from replay.engine.scaling_config import AutoscaleConfig, check_initial_replicas
 
 # Engine sections a pool may override (the rest of the config is shared by both pools).
 POOL_OVERRIDE_KEYS = ("hardware", "tensor_parallel_size", "scheduler", "kv_cache", "host_offload", "speculative")
@@ -33,6 +35,37 @@ class PoolConfig(_Strict):
     kv_cache: dict[str, Any] | None = None
     host_offload: dict[str, Any] | Literal[False] | None = None
     speculative: dict[str, Any] | Literal[False] | None = None
+    # This pool over a day (docs/autoscale.md, "Disaggregated fleets"): absent, its size is fixed.
+    autoscale: AutoscaleConfig | None = None
+    gpu_cost_per_hour: float | None = Field(None, ge=0.0)  # per GPU of this pool (default: fleet.gpu_cost_per_hour)
+
+    @model_validator(mode="after")
+    def _starting_size(self) -> PoolConfig:
+        check_initial_replicas(self.replicas, "replicas" in self.model_fields_set, self.autoscale)
+        return self
+
+    def check_objective(self, pool: str) -> None:
+        """Dynamo's SLA Planner sizes the prefill pool for TTFT and the decode pool for ITL: a pool's
+        ``slo`` policy needs its own objective (and only that one)."""
+        cfg = self.autoscale
+        if cfg is None or cfg.policy != "slo":
+            return
+        own, other = ("ttft_ms", "tpot_ms") if pool == "prefill" else ("tpot_ms", "ttft_ms")
+        if getattr(cfg, own) is None or getattr(cfg, other) is not None:
+            raise ValueError(f"fleet.{pool}.autoscale: policy slo sizes the {pool} pool for {own} only "
+                             f"(give {own}, not {other})")
+
+    @property
+    def initial_replicas(self) -> int:
+        """Replicas at t = 0: ``replicas``; autoscaled, ``min_replicas`` unless replicas was given."""
+        if self.autoscale is not None and "replicas" not in self.model_fields_set:
+            return self.autoscale.min_replicas
+        return self.replicas
+
+    @property
+    def id_capacity(self) -> int:
+        """Replica ids (and fleet slots) this pool may use at once."""
+        return self.autoscale.id_capacity if self.autoscale is not None else self.replicas
 
     def overrides(self) -> dict[str, Any]:
         """The engine keys this pool sets, for merging (False: the feature off, as None)."""

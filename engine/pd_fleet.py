@@ -25,6 +25,7 @@ nixl/pull_scheduler.py, v1/core/sched/scheduler.py):
 from __future__ import annotations
 
 import math
+from bisect import insort
 from functools import partial
 
 from replay.engine.arrivals import ArrivalPlan
@@ -45,7 +46,12 @@ class PDFleetLoop(FleetLoop):
                  recorder: Recorder, columns: PDRequestColumns, network: TransferNetwork, *,
                  block_size: int, hash_lookahead: int, rejected: dict[int, str], transfer_bytes_per_token: int,
                  transfer_full_prompt: bool, local_prefill_max_tokens: int | None, prefill_queue_max: int | None,
-                 router_latency_ms: float = 0.0, progress: ProgressFn | None = None) -> None:
+                 router_latency_ms: float = 0.0, progress: ProgressFn | None = None,
+                 live_prefill: int | None = None, live_decode: int | None = None) -> None:
+        """``prefill_cores``, ``decode_cores``: one engine per fleet slot of each pool; an autoscaled
+        pool (engine/pd_scaling.py) has more slots than replicas at the start, and only the first
+        ``live_prefill`` / ``live_decode`` serve then (the rest are empty engines a joining replica
+        replaces)."""
         self.num_prefill = len(prefill_cores)
         self.prefill_cores = prefill_cores
         self.decode_cores = decode_cores
@@ -53,9 +59,11 @@ class PDFleetLoop(FleetLoop):
                          hash_lookahead=hash_lookahead, rejected=rejected, router_latency_ms=router_latency_ms,
                          progress=progress)
         self.prefill_router = prefill_router
-        self.prefill_views = self.views[:self.num_prefill]
-        # Each pool's router knows its replicas by their number within the pool.
-        self.decode_views = [ReplicaView(c, replica=i) for i, c in enumerate(decode_cores)]
+        # The replicas each pool's router may choose from, known by their number within the pool.
+        self.prefill_views = self.views[:self.num_prefill if live_prefill is None else live_prefill]
+        self.decode_views = [ReplicaView(c, replica=i) for i, c in
+                             enumerate(decode_cores[:len(decode_cores) if live_decode is None else live_decode])]
+        self.pool_controls: list = []  # an autoscaled pool's controller (engine/pd_scaling.py), by event row
         self.columns = columns
         self.network = network
         self.bytes_per_token = transfer_bytes_per_token
@@ -85,21 +93,30 @@ class PDFleetLoop(FleetLoop):
 
     # -- the request's path ----------------------------------------------------------------------
     def _arrive(self, idx: int, time_ms: float, kind: int) -> None:
+        if self.pool_controls:
+            if idx < 0:  # a pool controller's event (engine/pd_scaling.py)
+                self.pool_controls[-1 - idx].act(time_ms)
+                return
+            for control in self.pool_controls:
+                control.arrived(idx)
         reason = self.rejected.get(idx)
         if reason is not None:
             self.rec.request_rejected(idx, time_ms, reason)
             self._request_done(idx, time_ms)
             return
         req = self.make_request(idx, time_ms)
-        d = self.router.route(req, self.decode_views, time_ms) if len(self.decode_cores) > 1 else 0
+        views = self.decode_views
+        dview = views[self.router.route(req, views, time_ms) if self.router is not None else 0]
+        d = dview.replica
         decode = self.decode_cores[d]
         self.rec.replica[idx] = d
         ready = time_ms + self.latency
-        if self._prefill_locally(req, d):
+        if self._prefill_locally(req, dview):
             self.register_parent(req, decode.replica)
             self.deliver(req, decode, ready, kind)
             return
-        p = self.prefill_router.route(req, self.prefill_views, time_ms) if self.num_prefill > 1 else 0
+        views = self.prefill_views
+        p = views[self.prefill_router.route(req, views, time_ms) if self.prefill_router is not None else 0].replica
         prefill = self.prefill_cores[p]
         self.columns.prefill_replica[idx] = p
         req.do_remote_decode = True
@@ -110,14 +127,14 @@ class PDFleetLoop(FleetLoop):
         self.register_parent(req, prefill.replica)
         self.deliver(req, prefill, ready, kind)
 
-    def _prefill_locally(self, req: Request, d: int) -> bool:
+    def _prefill_locally(self, req: Request, decode: ReplicaView) -> bool:
         """Dynamo's disaggregated router: prefill on the decode replica when the prompt's uncached
         part is short enough, or when the prefill queue is too long."""
         limit = self.local_prefill_max_tokens
         if limit is not None:
             bs = self.block_size
             runs = req.keys.key_runs(0, req.num_prompt_tokens // bs, bs)
-            uncached = req.num_prompt_tokens - self.decode_views[d].prefix_hit_blocks(runs) * bs
+            uncached = req.num_prompt_tokens - decode.prefix_hit_blocks(runs) * bs
             if uncached <= limit:
                 return True
         bound = self.prefill_queue_max
@@ -132,12 +149,13 @@ class PDFleetLoop(FleetLoop):
             for entries in slots:
                 entries[:] = [e for e in entries if e[2] is not r]
         if core.replica >= self.num_prefill:  # the decode replica's last token: done
-            if self.router is not None and len(self.decode_cores) > 1:
+            if self.router is not None:
                 self.router.request_finished(r, core.replica - self.num_prefill)
             self._request_done(idx, end_ms)
+            self._pool_finished(core, end_ms)
             return
         # The prefill replica answered the proxy: it now sends the request to the decode replica.
-        if self.prefill_router is not None and self.num_prefill > 1:
+        if self.prefill_router is not None:
             self.prefill_router.request_finished(r, core.replica)
         d = self._decode_of.pop(idx)
         bound = self._bound_for[d]
@@ -155,6 +173,57 @@ class PDFleetLoop(FleetLoop):
         dreq.num_preemptions = r.num_preemptions
         self.register_parent(dreq, decode.replica)
         self.deliver(dreq, decode, end_ms, OPEN)
+
+    # -- autoscaled pools (engine/pd_scaling.py) ----------------------------------------------------
+    def run(self) -> None:
+        for control in self.pool_controls:
+            control.start()
+        super().run()
+
+    def install_pool_replica(self, core: EngineCore) -> None:
+        """A new replica joins its pool, live, in the slot its fleet number names (the slot's old
+        engine, empty or retired, is replaced; its heap entries go stale with the version)."""
+        slot = core.replica
+        core.version = self.cores[slot].version + 1
+        self.cores[slot] = core
+        self.views[slot] = ReplicaView(core)
+        if not self.plan.concurrency:
+            core.on_finished = self._on_finished
+            core.finish_is_quiet = self._finish_quiet
+        d = slot - self.num_prefill
+        if d < 0:
+            core.emits_tokens = False
+            core.ff_ok = False
+            self.prefill_cores[slot] = core
+            insort(self.prefill_views, self.views[slot], key=lambda v: v.replica)
+            router, local = self.prefill_router, slot
+        else:
+            core.sched.start_remote_load = partial(self._start_read, core)
+            self.decode_cores[d] = core
+            insort(self.decode_views, ReplicaView(core, replica=d), key=lambda v: v.replica)
+            router, local = self.router, d
+        if router is not None:
+            router.replica_started(local)
+
+    def remove_pool_replica(self, pool: str, replica: int) -> None:
+        """The replica (numbered within ``pool``) leaves its pool's router; what it holds still runs."""
+        if pool == "prefill":
+            self.prefill_views = [v for v in self.prefill_views if v.replica != replica]
+        else:
+            self.decode_views = [v for v in self.decode_views if v.replica != replica]
+
+    def _pool_finished(self, core: EngineCore, t: float) -> None:
+        """Tell an autoscaled pool's controller that ``core`` may have become idle (it retires if draining)."""
+        for control in self.pool_controls:
+            control.replica_maybe_idle(core, t)
+
+    def replica_idle(self, core: EngineCore) -> bool:
+        """Nothing left on ``core``: no request queued, running or on its way, no prompt's blocks held
+        for a read (prefill), no prompt bound for it still prefilling elsewhere (decode)."""
+        if core.inbox or core.sched.has_unfinished() or core.sched.held_requests:
+            return False
+        d = core.replica - self.num_prefill
+        return d < 0 or not (self._bound_for[d] or self._incoming[d])
 
     def _start_read(self, decode: EngineCore, r: Request, num_local: int, now_ms: float) -> None:
         """The decode replica allocated ``r``'s blocks (``num_local`` prompt tokens hit locally):
@@ -183,6 +252,7 @@ class PDFleetLoop(FleetLoop):
             prefill, preq = self._held.pop(tr.idx)
             prefill.sched.release_held(preq, t)  # vLLM finished_sending: P frees the blocks
             self.wake(prefill, t)
+            self._pool_finished(prefill, t)  # a draining prefill replica retires once its blocks are read
             _, decode, dreq = self._reads.pop(tr.idx)
             self._incoming[tr.dst] -= 1
             dreq.load_ready_ms = t  # vLLM finished_recving: seen by the decode replica's next schedule

@@ -15,15 +15,20 @@ from replay.engine.arrivals import ArrivalPlan, plan_arrivals
 from replay.engine.config import DTYPE_BYTES, EngineConfig
 from replay.engine.core import EngineCore
 from replay.engine.fleet import ProgressFn
+from replay.engine.fleet_scaling import FleetScaler
 from replay.engine.kv_transfer import TransferNetwork
 from replay.engine.models import get_model
 from replay.engine.pd_fleet import PDFleetLoop
 from replay.engine.pd_outputs import PDRequestColumns
+from replay.engine.pd_scaling import PoolControl, attach_pool_controls, pool_scalers
 from replay.engine.recorder import Recorder
 from replay.engine.routers import Router, RouterContext, build_router
 from replay.engine.run_setup import EngineSetup, resolve_setup
+from replay.engine.scaling_config import AutoscaleConfig
+from replay.engine.scaling_output import PoolBill
 from replay.engine.scheduler import Scheduler
 from replay.engine.scheduler_factory import build_scheduler
+from replay.engine.slo_capacity import ReplicaCapacity
 from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
 from replay.engine.trace_input import TraceArrays
 
@@ -48,12 +53,15 @@ def transfer_bytes_per_token(config: EngineConfig) -> int:
 
 @dataclass(frozen=True)
 class Pool:
-    """One pool's resolved engine: its config, setup and one scheduler per replica."""
+    """One pool's resolved engine: its config, setup and one scheduler per fleet slot (an
+    autoscaled pool has ``2 * max_replicas`` slots, of which the first ``initial`` serve at t = 0)."""
 
     name: str
     config: EngineConfig
     setup: EngineSetup
     schedulers: list[Scheduler]
+    initial: int
+    sampler: AcceptanceSampler | None = None
 
 
 @dataclass(frozen=True)
@@ -71,11 +79,12 @@ def _pool(config: EngineConfig, name: str, trace: TraceArrays, setup: EngineSetu
     sampler = None
     if pool_cfg.speculative is not None:
         sampler = AcceptanceSampler(resolve_rates(pool_cfg.speculative), pool_cfg.speculative.seed)
-    replicas = getattr(config.fleet, name).replicas
+    spec = getattr(config.fleet, name)
     schedulers = [build_scheduler(pool_cfg, setup.num_gpu_blocks, setup.max_model_len, sampler=sampler,
                                   kv_bytes_per_token=setup.kv_bytes_per_token, kv_connector=True)
-                  for _ in range(replicas)]
-    return Pool(name=name, config=pool_cfg, setup=setup, schedulers=schedulers)
+                  for _ in range(spec.id_capacity)]
+    return Pool(name=name, config=pool_cfg, setup=setup, schedulers=schedulers, initial=spec.initial_replicas,
+                sampler=sampler)
 
 
 def _router(name: str, options: dict, pool: Pool, config: EngineConfig, trace: TraceArrays) -> Router | None:
@@ -116,7 +125,7 @@ def prefill_pool_rejects(trace: TraceArrays, selected: np.ndarray, config: Engin
 
 def run_pd_fleet(trace: TraceArrays, config: EngineConfig, parts: PDParts, rejected: dict[int, str],
                  recorder: Recorder, columns: PDRequestColumns, *, progress: ProgressFn | None,
-                 fast_forward: bool, check_invariants: bool) -> PDFleetLoop:
+                 fast_forward: bool, check_invariants: bool, total_requests: int = 0) -> PDFleetLoop:
     """Simulate the replay on the two pools into ``recorder`` (closed on success, aborted on error)."""
     fleet = config.fleet
     transfer = fleet.kv_transfer
@@ -133,30 +142,61 @@ def run_pd_fleet(trace: TraceArrays, config: EngineConfig, parts: PDParts, rejec
                        transfer_full_prompt=transfer.timing_mode == "full_prompt",
                        local_prefill_max_tokens=fleet.local_prefill_max_tokens,
                        prefill_queue_max=fleet.prefill_queue_max,
-                       router_latency_ms=fleet.router_latency_ms, progress=progress)
+                       router_latency_ms=fleet.router_latency_ms, progress=progress,
+                       live_prefill=parts.prefill.initial, live_decode=parts.decode.initial)
+    controls = [pool_control(loop, pool, getattr(fleet, pool.name).autoscale, trace, recorder,
+                             total_requests, fast_forward=fast_forward, check_invariants=check_invariants)
+                for pool in (parts.prefill, parts.decode) if getattr(fleet, pool.name).autoscale is not None]
+    attach_pool_controls(loop, controls)
     loop.run_recorded()
     return loop
+
+
+def pool_control(loop: PDFleetLoop, pool: Pool, cfg: AutoscaleConfig, trace: TraceArrays, recorder: Recorder,
+                 total_requests: int, *, fast_forward: bool, check_invariants: bool) -> PoolControl:
+    """An autoscaled pool's controller: its policy (SLO capacity of this pool's role) and new engines."""
+    pc = pool.config
+    capacity = None
+    if cfg.policy == "slo":
+        capacity = ReplicaCapacity(pool.setup.timer, max_num_batched_tokens=pc.scheduler.max_num_batched_tokens,
+                                   max_num_seqs=pc.scheduler.max_num_seqs,
+                                   kv_tokens=(pool.setup.num_gpu_blocks - 1) * pc.kv_cache.block_size,
+                                   ttft_ms=cfg.ttft_ms, tpot_ms=cfg.tpot_ms, role=pool.name)
+
+    def new_core(fleet_number: int) -> EngineCore:
+        sched = build_scheduler(pc, pool.setup.num_gpu_blocks, pool.setup.max_model_len, sampler=pool.sampler,
+                                kv_bytes_per_token=pool.setup.kv_bytes_per_token, kv_connector=True)
+        return EngineCore(fleet_number, sched, pool.setup.timer, recorder, fast_forward=fast_forward,
+                          check_invariants=check_invariants)
+
+    return PoolControl(loop, pool.name, cfg, capacity, new_core, trace, total_requests)
 
 
 def pools_summary(loop: PDFleetLoop, parts: PDParts, span_ms: float) -> dict:
     """run.json ``pools``: per pool replicas, GPUs, busy time, GPU-seconds and utilization; and the
     KV transfers' volume and link time."""
     out = {}
+    scalers = pool_scalers(loop)
     for pool, cores in ((parts.prefill, loop.prefill_cores), (parts.decode, loop.decode_cores)):
         tp = pool.config.tensor_parallel_size
+        scaler = scalers.get(pool.name)
+        replica_ms = len(cores) * span_ms
+        if scaler is not None:  # every engine that served, and the replica time the pool held
+            cores = scaler.cores()
+            replica_ms = scaler.replica_ms(span_ms)
         busy = sum(c.busy_ms for c in cores)
         gpus = len(cores) * tp
         out[pool.name] = {
-            "replicas": len(cores),
+            "replicas": len(cores) if scaler is None else len({c.replica for c in cores}),
             "tensor_parallel_size": tp,
             "hardware": pool.config.hardware,
             "gpus": gpus,
             "num_gpu_blocks": pool.setup.num_gpu_blocks,
             "steps": sum(c.step_idx for c in cores),
             "busy_ms": busy,
-            "gpu_seconds": gpus * span_ms / 1e3,
+            "gpu_seconds": gpus * span_ms / 1e3 if scaler is None else replica_ms * tp / 1e3,
             "busy_gpu_seconds": busy * tp / 1e3,
-            "utilization": busy / (len(cores) * span_ms) if span_ms > 0 else 0.0,
+            "utilization": busy / replica_ms if replica_ms > 0 else 0.0,
             "prefix_query_tokens": sum(c.sched.prefix_query_tokens for c in cores),
             "prefix_hit_tokens": sum(c.sched.prefix_hit_tokens for c in cores),
             "preemptions": sum(c.sched.total_preemptions for c in cores),
@@ -172,3 +212,17 @@ def pools_summary(loop: PDFleetLoop, parts: PDParts, span_ms: float) -> dict:
         "decode_ingress_busy_ms": [busy.get(("decode", i), 0.0) for i in range(len(loop.decode_cores))],
     }
     return out
+
+
+def pool_bills(config: EngineConfig, parts: PDParts, scalers: dict[str, FleetScaler], span_ms: float) -> list[PoolBill]:
+    """Each pool's replica time (its fixed replicas for the whole replay, or its autoscaled lives)
+    and price (``fleet.<pool>.gpu_cost_per_hour``, else ``fleet.gpu_cost_per_hour``)."""
+    fleet = config.fleet
+    bills = []
+    for pool in (parts.prefill, parts.decode):
+        spec = getattr(fleet, pool.name)
+        scaler = scalers.get(pool.name)
+        replica_ms = scaler.replica_ms(span_ms) if scaler is not None else len(pool.schedulers) * span_ms
+        price = spec.gpu_cost_per_hour if spec.gpu_cost_per_hour is not None else fleet.gpu_cost_per_hour
+        bills.append(PoolBill(pool.name, replica_ms, pool.config.tensor_parallel_size, price))
+    return bills

@@ -36,15 +36,17 @@ from replay.engine.pd_outputs import PDRequestColumns
 from replay.engine.pd_run import (
     build_pd_parts,
     is_disaggregated,
+    pool_bills,
     pools_summary,
     prefill_pool_rejects,
     run_pd_fleet,
 )
+from replay.engine.pd_scaling import pool_scalers
 from replay.engine.recorder import Recorder
 from replay.engine.routers import Router, RouterContext, build_router
 from replay.engine.run_info import ReplayFacts, build_run_info, trace_fingerprint
 from replay.engine.run_setup import EngineSetup, resolve_setup
-from replay.engine.scaling_output import cost_summary, scaling_summary, write_scaling
+from replay.engine.scaling_output import cost_summary, pd_cost_summary, scaling_summary, write_scaling
 from replay.engine.scheduler import Scheduler
 from replay.engine.scheduler_factory import build_scheduler, tier_pools_for
 from replay.engine.slo_capacity import ReplicaCapacity
@@ -348,8 +350,11 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
             recorder = Recorder(trace, tmp, replica_column=True, pd_columns=columns,
                                 num_prefill=len(pd_parts.prefill.schedulers), request_rows=requests.selected)
             pd_loop = run_pd_fleet(trace, config, pd_parts, requests.rejected, recorder, columns, progress=progress,
-                                   fast_forward=fast_forward, check_invariants=check_invariants)
-            pools = pools_summary(pd_loop, pd_parts, pd_loop.now)
+                                   fast_forward=fast_forward, check_invariants=check_invariants,
+                                   total_requests=len(requests.selected))
+            pool_scaled = pool_scalers(pd_loop)
+            pd_span = replay_end_ms(recorder, requests.selected) if pool_scaled else pd_loop.now
+            pools = pools_summary(pd_loop, pd_parts, pd_span)
             loop: FleetLoop = pd_loop
         else:
             scaled = config.fleet is not None and config.fleet.autoscale is not None
@@ -359,8 +364,13 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
                              fast_forward=fast_forward, check_invariants=check_invariants)
         scaler = loop.control if isinstance(loop.control, FleetScaler) else None
         span_ms = loop.now if scaler is None else replay_end_ms(recorder, requests.selected)
+        if disaggregated:
+            span_ms = pd_span
         if scaler is not None:
             write_scaling(scaler.rows, tmp)
+        elif disaggregated and pool_scaled:
+            write_scaling(sorted((r for sc in pool_scaled.values() for r in sc.rows),
+                                 key=lambda r: (r.time_ms, r.pool != "prefill")), tmp)
         trace_file = store_trace(table, meta, trace_path, outdir, tmp)
         fingerprint = trace_fingerprint(table)
         wall_time_s = round(time.perf_counter() - wall_start, 3)
@@ -370,17 +380,17 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
                             recorder=recorder, simulated_span_ms=span_ms, wall_time_s=wall_time_s,
                             session_delay_rule=delay_rule, pools=pools)
         info = build_run_info(facts)
-        if disaggregated:  # each pool's replicas hold their own pool's GPUs for the whole replay
-            gpu_ms = sum(len(pool.schedulers) * pool.config.tensor_parallel_size * span_ms
-                         for pool in (pd_parts.prefill, pd_parts.decode))
-            replica_ms = sum(len(pool.schedulers) for pool in (pd_parts.prefill, pd_parts.decode)) * span_ms
+        if disaggregated:  # each pool's replicas hold their own pool's GPUs (the whole replay, unless autoscaled)
+            info["cost"] = pd_cost_summary(pool_bills(config, pd_parts, pool_scaled, span_ms), span_ms)
         else:
             replica_ms = scaler.replica_ms(span_ms) if scaler is not None else len(loop.cores) * span_ms
             gpu_ms = replica_ms * config.tensor_parallel_size
-        info["cost"] = cost_summary(config, replica_ms, gpu_ms, span_ms)
+            info["cost"] = cost_summary(config, replica_ms, gpu_ms, span_ms)
         if scaler is not None or loop.admission is not None:
             info["scaling"] = scaling_summary(scaler, loop.admission if isinstance(loop.admission, Admission)
                                               else None, span_ms)
+        elif disaggregated and pool_scaled:
+            info["scaling"] = {"pools": {name: scaling_summary(sc, None, span_ms) for name, sc in pool_scaled.items()}}
         write_json_atomic(tmp / RUN_FILE, info)
     return RunSummary(outdir=Path(outdir), run_info=info)
 

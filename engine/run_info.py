@@ -153,7 +153,7 @@ def build_run_info(facts: ReplayFacts) -> dict:
     }
     if facts.pools is not None:  # the fleet's replicas are the decode pool's; the pools section has both
         decode = [c for c in cores if c.emits_tokens]
-        offset = len(cores) - len(decode)
+        offset = min(c.replica for c in decode)  # the decode pool's first fleet number (after the prefill pool's)
         info["fleet"] = fleet_summary(decode, facts.recorder, facts.selected, facts.simulated_span_ms, offset)
         info["pools"] = facts.pools
     elif config.fleet is not None:

@@ -10,7 +10,7 @@ replay), priced at ``fleet.gpu_cost_per_hour`` when given.
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pyarrow as pa
@@ -36,6 +36,7 @@ SCALING_SCHEMA = pa.schema([
     ("running", pa.int64()),
     ("kv_usage", pa.float64()),
     ("predicted_rate", pa.float64()),
+    ("pool", pa.string()),  # a disaggregated fleet's pool; null for an aggregated fleet
 ])
 assert [f.name for f in fields(ScalingRow)] == SCALING_SCHEMA.names
 
@@ -59,6 +60,46 @@ def cost_summary(config: EngineConfig, replica_ms: float, gpu_ms: float, span_ms
         "gpus_per_replica": tp if gpu_ms == replica_ms * tp else None,  # None: pools differ
         "gpu_cost_per_hour": price,
         "cost": gpu_hours * price if price is not None else None,
+    }
+
+
+@dataclass(frozen=True)
+class PoolBill:
+    """What one pool of a disaggregated fleet held: replica time, GPUs per replica, its price."""
+
+    name: str
+    replica_ms: float
+    gpus_per_replica: int
+    gpu_cost_per_hour: float | None  # the pool's, else the fleet's, else None
+
+
+def pd_cost_summary(bills: list[PoolBill], span_ms: float) -> dict:
+    """run.json's ``cost`` for a disaggregated fleet: the totals, and each pool's under ``pools``.
+    The total cost is the pools' sum, known when every pool has a price."""
+    pools = {}
+    for b in bills:
+        gpu_hours = b.replica_ms * b.gpus_per_replica / _MS_PER_HOUR
+        pools[b.name] = {
+            "gpu_hours": gpu_hours,
+            "replica_hours": b.replica_ms / _MS_PER_HOUR,
+            "mean_replicas": b.replica_ms / span_ms if span_ms > 0 else None,
+            "gpus_per_replica": b.gpus_per_replica,
+            "gpu_cost_per_hour": b.gpu_cost_per_hour,
+            "cost": gpu_hours * b.gpu_cost_per_hour if b.gpu_cost_per_hour is not None else None,
+        }
+    replica_ms = sum(b.replica_ms for b in bills)
+    gpu_ms = sum(b.replica_ms * b.gpus_per_replica for b in bills)
+    tps = {b.gpus_per_replica for b in bills}
+    prices = {b.gpu_cost_per_hour for b in bills}
+    costs = [p["cost"] for p in pools.values()]
+    return {
+        "gpu_hours": gpu_ms / _MS_PER_HOUR,
+        "replica_hours": replica_ms / _MS_PER_HOUR,
+        "mean_replicas": replica_ms / span_ms if span_ms > 0 else None,
+        "gpus_per_replica": tps.pop() if len(tps) == 1 else None,  # None: pools differ
+        "gpu_cost_per_hour": prices.pop() if len(prices) == 1 else None,  # None: pools differ (or none given)
+        "cost": sum(costs) if all(c is not None for c in costs) else None,
+        "pools": pools,
     }
 
 

@@ -14,7 +14,14 @@ The rate is feasible when the batch fits vLLM's limits (``B <= max_num_seqs``, `
 max_num_batched_tokens``, the decoding requests' KV within the cache), the step (each decode's
 inter-token latency) is within the TPOT objective, and a prompt's prefill (chunks of the token budget
 left over by the decodes, one per step) is within the TTFT objective. The largest feasible rate is
-found by bisection (to 0.01%). Queueing is not modeled here (it is what ``target`` < 1 leaves headroom for, and
+found by bisection (to 0.01%).
+
+A disaggregated fleet's pools are sized apart, as Dynamo's planner sizes them (prefill_planner:
+predicted prompt tokens/s over a prefill engine's throughput at the TTFT target; decode_planner:
+predicted output tokens/s over a decode engine's throughput at the ITL target and a context of
+``isl + osl / 2``): ``role="prefill"`` solves the same steady state with no decodes (the proxy's
+request ends at its first token) against TTFT alone, ``role="decode"`` with no prefill (prompts
+arrive as KV; the one-token step that samples the first token is left out) against TPOT alone. Queueing is not modeled here (it is what ``target`` < 1 leaves headroom for, and
 what the simulated replay then measures); a departure from Dynamo, whose planner also corrects its
 profile by the observed/expected latency ratio each interval.
 """
@@ -31,7 +38,10 @@ class ReplicaCapacity:
     """Requests per second one replica sustains within the objectives, per (isl, osl)."""
 
     def __init__(self, timer: StepTimer, *, max_num_batched_tokens: int, max_num_seqs: int, kv_tokens: int,
-                 ttft_ms: float | None, tpot_ms: float | None) -> None:
+                 ttft_ms: float | None, tpot_ms: float | None, role: str = "aggregated") -> None:
+        if role not in ("aggregated", "prefill", "decode"):
+            raise ValueError(f"role {role!r}: aggregated, prefill or decode")
+        self.role = role
         self.timer = timer
         self.budget = max_num_batched_tokens
         self.max_seqs = max_num_seqs
@@ -43,15 +53,20 @@ class ReplicaCapacity:
     def step_ms(self, rate_per_ms: float, isl: int, osl: int) -> float | None:
         """The steady-state step time at this rate, or None when the batch exceeds vLLM's limits."""
         timer = self.timer
-        t = timer.step_ms(0, 0, 0, 0, 1, 1, isl, 0)
+        if self.role == "prefill":  # the fixed point's seed: one step of one whole prompt, or one decode
+            t = timer.step_ms(1, isl, 0, isl * (isl + 1) // 2, 0, 0, 0, 0)
+        else:
+            t = timer.step_ms(0, 0, 0, 0, 1, 1, isl, 0)
+        decoding = self.role != "prefill"
+        prefilling = self.role != "decode"
         for _ in range(50):
-            decodes = rate_per_ms * osl * t
-            prefill = rate_per_ms * isl * t
+            decodes = rate_per_ms * osl * t if decoding else 0.0
+            prefill = rate_per_ms * isl * t if prefilling else 0.0
             if decodes > self.max_seqs or decodes + prefill > self.budget:
                 return None
             if decodes * (isl + osl / 2.0) > self.kv_tokens:
                 return None
-            n_dec = max(1, math.ceil(decodes))
+            n_dec = max(1, math.ceil(decodes)) if decoding else 0
             p = int(math.ceil(prefill))
             n_pre = max(1, math.ceil(prefill / isl)) if p else 0
             before = max(0, (isl - p) // 2) if p else 0  # a chunk's mean prefix within its prompt
@@ -69,7 +84,7 @@ class ReplicaCapacity:
         if self.tpot_ms is not None and t > self.tpot_ms:
             return False
         if self.ttft_ms is not None:
-            room = self.budget - rate_per_ms * osl * t  # tokens a step leaves for prefill
+            room = self.budget - (rate_per_ms * osl * t if self.role == "aggregated" else 0.0)  # left for prefill
             if room <= 0 or math.ceil(isl / room) * t > self.ttft_ms:
                 return False
         return True

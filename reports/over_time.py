@@ -46,7 +46,8 @@ def over_time_metrics(run: Run, slo: Slo | None) -> dict[str, Any] | None:
         out["windows_met_fraction"] = met / len(windows) if windows else None
         total = sum(w["requests"] for w in windows)
         out["attainment"] = sum(w["good"] for w in windows) / total if total else None
-    out["timeline"] = _rows(run, "scaling_timeline") if (run.outdir / SCALING_FILE).is_file() else []
+    timeline = _rows(run, "scaling_timeline") if (run.outdir / SCALING_FILE).is_file() else []
+    out["timeline"] = sorted(timeline, key=lambda r: (r["time_ms"], r.get("pool") != "prefill"))
     return out
 
 
@@ -61,11 +62,21 @@ def over_time_section(o: dict[str, Any], chart: str | None) -> list[str]:
         lines += [f"GPU-hours: {num(cost['gpu_hours'], 's')} ({num(cost.get('mean_replicas'), 's')} replicas "
                   f"on average{each_text}){priced}. A replica is counted from its start (provisioning "
                   "included) to its retirement (draining included).", ""]
+    for name, pool_cost in (cost.get("pools") or {}).items():
+        price = pool_cost.get("gpu_cost_per_hour")
+        priced = f", {num(pool_cost['cost'], 's')} at {price:g} per GPU-hour" if price is not None else ""
+        lines += [f"- {name} pool: {num(pool_cost['gpu_hours'], 's')} GPU-hours "
+                  f"({num(pool_cost.get('mean_replicas'), 's')} replicas on average, "
+                  f"{pool_cost['gpus_per_replica']} GPU(s) each){priced}"]
+    if cost.get("pools"):
+        lines.append("")
     scaling = o.get("scaling") or {}
-    if scaling.get("replicas") is not None:
-        lives = scaling["replicas"]
-        lines += [f"Autoscaling: {scaling.get('decisions', 0)} decisions, between {scaling.get('min_live')} and "
-                  f"{scaling.get('max_live')} live replicas; {len(lives)} replica lives "
+    pools = scaling.get("pools") or ({None: scaling} if scaling.get("replicas") is not None else {})
+    for name, pool_scaling in pools.items():
+        lives = pool_scaling["replicas"]
+        lines += [f"Autoscaling{' of the ' + name + ' pool' if name else ''}: {pool_scaling.get('decisions', 0)} "
+                  f"decisions, between {pool_scaling.get('min_live')} and {pool_scaling.get('max_live')} live "
+                  f"replicas; {len(lives)} replica lives "
                   f"({sum(1 for lf in lives if lf['state'] == 'cancelled')} cancelled while starting, "
                   f"{sum(1 for lf in lives if lf['drain_ms'] is not None)} drained).", ""]
     if o["refused"]:
@@ -99,12 +110,17 @@ def over_time_chart(path: Path, o: dict[str, Any]) -> Path:
     scale, unit = time_axis(span)
     fig, axes = plt.subplots(3, 1, figsize=(8.0, 7.0), sharex=True)
     ax = axes[0]
+    pools = sorted({r.get("pool") or "" for r in timeline}, key=lambda p: p != "prefill")
+    for k, pool in enumerate(pools):  # one set of lines per autoscaled pool (one, unnamed, when aggregated)
+        rows = [r for r in timeline if (r.get("pool") or "") == pool]
+        t = [r["time_ms"] / scale for r in rows]
+        tag = f"{pool} " if pool else ""
+        ax.step(t, [r["live"] for r in rows], where="post", color=COLORS[3 * k % len(COLORS)], label=f"{tag}live")
+        ax.step(t, [r["live"] + r["provisioning"] for r in rows], where="post",
+                color=COLORS[(3 * k + 1) % len(COLORS)], ls="--", label=f"{tag}live + starting")
+        ax.step(t, [r["desired"] for r in rows], where="post", color=COLORS[(3 * k + 2) % len(COLORS)], ls=":",
+                label=f"{tag}desired")
     if timeline:
-        t = [r["time_ms"] / scale for r in timeline]
-        ax.step(t, [r["live"] for r in timeline], where="post", color=COLORS[0], label="live")
-        ax.step(t, [r["live"] + r["provisioning"] for r in timeline], where="post", color=COLORS[1], ls="--",
-                label="live + starting")
-        ax.step(t, [r["desired"] for r in timeline], where="post", color=COLORS[2], ls=":", label="desired")
         ax.legend(loc="upper left", fontsize=8)
     else:
         replicas = (o.get("cost") or {}).get("mean_replicas") or 1
@@ -122,7 +138,12 @@ def over_time_chart(path: Path, o: dict[str, Any]) -> Path:
     ax.grid(True, alpha=0.3)
     ax = axes[2]
     if timeline:
-        ax.plot([r["time_ms"] / scale for r in timeline], [r["waiting"] for r in timeline], color=COLORS[1])
+        for k, pool in enumerate(pools):
+            rows = [r for r in timeline if (r.get("pool") or "") == pool]
+            ax.plot([r["time_ms"] / scale for r in rows], [r["waiting"] for r in rows],
+                    color=COLORS[(1 + k) % len(COLORS)], label=f"{pool} pool" if pool else None)
+        if pools != [""]:
+            ax.legend(loc="upper left", fontsize=8)
         ax.set_ylabel("waiting requests")
     elif "goal" in o:
         ax.plot(mid, [w["attainment"] for w in windows], color=COLORS[2])

@@ -1,4 +1,4 @@
--- An autoscaled run's decisions, in time order (scaling.parquet through the `scaling` view).
-SELECT time_ms, live, provisioning, draining, desired, arrivals, rejected, waiting, running, kv_usage, predicted_rate
+-- An autoscaled run's decisions (scaling.parquet through the `scaling` view): every column, so a run
+-- written before the `pool` column (a disaggregated fleet's pool) still reads; sorted by the caller.
+SELECT *
 FROM scaling
-ORDER BY time_ms
