@@ -3,13 +3,14 @@
     python bench/bench_day.py day                         # synth the day (once), replay it autoscaled
     python bench/bench_day.py compare --window 12:00-15:00   # a slice: autoscaled vs static at max
     python bench/bench_day.py day --requests 200000       # a quicker, lighter day
+    python bench/bench_day.py compare --requests 20000 --window 13:00-13:10 --results /tmp/x   # a smoke run
 
 The trace is `replay synth`'s day (a cosine with peak-to-trough 4 peaking at 14:00, three bursts of
 twice the rate for 15 minutes, requests / 86,400 per second on average to 3 decimals: 11.574 for a
 million), written once to
 $TMPDIR/replay-day/. Each replay is its own `replay run` process; wall time and peak RSS are per
 process (``wait4`` rusage). `compare` replays one window of the day with the autoscaled config and
-with a static fleet of max_replicas, and reports GPU-hours and SLO attainment side by side (the same
+with a static fleet of the config's max_replicas, and reports GPU-hours and SLO attainment side by side (the same
 figures `replay diff` prints). Results go to bench/results/day-*.json and are printed as markdown;
 bench/README.md ("A day of traffic") quotes them with the command.
 """
@@ -75,6 +76,13 @@ def attainment(outdir: Path) -> dict:
             "windows": len(o["windows"])}
 
 
+def max_replicas() -> int:
+    """The static leg's size: the autoscaled config's max_replicas."""
+    import yaml
+
+    return int(yaml.safe_load(CONFIG.read_text())["fleet"]["autoscale"]["max_replicas"])
+
+
 def replay(trace: Path, outdir: Path, sets: list[str]) -> dict:
     cmd = _replay("run", str(trace), "-c", str(CONFIG), "-o", str(outdir), "-q")
     for s in sets:
@@ -95,9 +103,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--window", default="12:00-15:00", help="compare: the slice of the day replayed")
     ap.add_argument("--keep", type=Path, default=None, help="keep the run directories here")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="where the JSON result goes")
     args = ap.parse_args()
     trace = day_trace(args.requests)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.results.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="replay-day-") as tmp:
         base = args.keep or Path(tmp)
         if args.what == "day":
@@ -107,8 +116,8 @@ def main() -> None:
             result = {"window": args.window,
                       "autoscaled": replay(trace, base / "auto", window),
                       "static_at_max": replay(trace, base / "static", window + [
-                          "fleet.autoscale=null", "fleet.replicas=32"])}
-    out = RESULTS / f"day-{args.what}-{args.requests}.json"
+                          "fleet.autoscale=null", f"fleet.replicas={max_replicas()}"])}
+    out = args.results / f"day-{args.what}-{args.requests}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     rows = [(k, v) for k, v in result.items() if isinstance(v, dict)]
     keys = list(rows[0][1])
