@@ -244,7 +244,9 @@ class FleetLoop:
         t = self.trace
         off = t.hash_offsets
         inp = int(t.input_tokens[idx])
-        keys = BlockKeys(t.hash_values, int(off[idx]), int(off[idx + 1]), t.hash_block_size,
+        start, end = int(off[idx]), int(off[idx + 1])
+        # The request's own ids as Python ints (the trace keeps them as one uint64 array).
+        keys = BlockKeys(t.hash_values[start:end].tolist(), 0, end - start, t.hash_block_size,
                          self.block_size, inp, idx, self.hash_lookahead, int(self._shared_lead[idx]))
         return Request(idx, t.request_id[idx], time_ms, inp, int(t.output_tokens[idx]), keys,
                        t.session_id[idx], int(t.turn[idx]) if t.turn[idx] >= 0 else None,

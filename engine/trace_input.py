@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +16,9 @@ class TraceArrays:
     input_tokens: np.ndarray  # int64
     output_tokens: np.ndarray  # int64
     hash_offsets: np.ndarray  # int64, len n + 1; row i's ids are hash_values[off[i]:off[i+1]]
-    hash_values: list[int]  # Python ints (uint64 values, never truncated)
+    # uint64, every row's ids back to back: 8 bytes an id (a Python int list took about 30); a request
+    # takes its own ids as Python ints when it arrives (engine/fleet.py, make_request)
+    hash_values: np.ndarray
     session_id: list[str | None]
     turn: np.ndarray  # int64, -1 when null
     delay_ms: np.ndarray  # float64, nan when null
@@ -43,7 +46,7 @@ def trace_arrays(table: pa.Table, hash_block_size: int | None) -> TraceArrays:
     rechained = not is_chained(flat, offsets)
     if rechained:
         flat = chained_ids(flat, offsets)
-    values = flat.tolist()
+    values = np.ascontiguousarray(flat, dtype=np.uint64)
     delay = table.column("delay_ms").to_numpy(zero_copy_only=False).astype(np.float64)
     return TraceArrays(
         request_id=table.column("request_id").to_pylist(),
@@ -62,17 +65,31 @@ def trace_arrays(table: pa.Table, hash_block_size: int | None) -> TraceArrays:
     )
 
 
-def _previous_ids(flat: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each id's predecessor in its row (0 marks a row start) and whether it has one."""
+# Ids per pass of the whole-trace id checks below: they group equal ids by sorting, and a pass sorts
+# only the ids of one value class, so their scratch memory stays near 50 bytes times this, not times
+# the trace's ids (1 M reuse-heavy requests hold 15 M ids: one sort of all of them took 0.6 GB).
+_IDS_PER_PASS = 1 << 20
+
+
+def _row_starts(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """True at each id that starts its row."""
     first = np.zeros(len(flat), dtype=bool)
-    starts = offsets[:-1][offsets[:-1] < offsets[1:]]
-    first[starts] = True
-    prev = np.empty_like(flat)
-    if len(flat):
-        prev[0] = 0
-        prev[1:] = flat[:-1]
-        prev[first] = 0
-    return prev, first
+    first[offsets[:-1][offsets[:-1] < offsets[1:]]] = True
+    return first
+
+
+def _id_classes(flat: np.ndarray) -> Iterator[np.ndarray]:
+    """Positions of the ids, in classes by id value (equal ids always share a class), each class about
+    ``_IDS_PER_PASS`` ids, ascending positions within a class."""
+    parts = max(1, -(-len(flat) // _IDS_PER_PASS))
+    if parts == 1:
+        yield np.arange(len(flat))
+        return
+    cls = np.empty(len(flat), dtype=np.uint16)
+    for i in range(0, len(flat), _IDS_PER_PASS):  # sliced: no id-sized temporary of 8 bytes an id
+        cls[i:i + _IDS_PER_PASS] = flat[i:i + _IDS_PER_PASS] % np.uint64(parts)
+    for p in range(parts):
+        yield np.flatnonzero(cls == p)
 
 
 def is_chained(flat: np.ndarray, offsets: np.ndarray) -> bool:
@@ -80,11 +97,17 @@ def is_chained(flat: np.ndarray, offsets: np.ndarray) -> bool:
     its whole prefix, as a vLLM block hash does, and shared ids of a row form a leading run."""
     if not len(flat):
         return True
-    prev, first = _previous_ids(flat, offsets)
-    order = np.lexsort((first, prev, flat))
-    ids, prevs, firsts = flat[order], prev[order], first[order]
-    same_id = ids[1:] == ids[:-1]
-    return not np.any(same_id & ((prevs[1:] != prevs[:-1]) | (firsts[1:] != firsts[:-1])))
+    first = _row_starts(flat, offsets)
+    for pos in _id_classes(flat):
+        starts = first[pos]
+        prev = np.where(starts, np.uint64(0), flat[pos - 1])  # position 0 always starts a row
+        ids = flat[pos]
+        order = np.lexsort((starts, prev, ids))
+        ids, prevs, firsts = ids[order], prev[order], starts[order]
+        same_id = ids[1:] == ids[:-1]
+        if np.any(same_id & ((prevs[1:] != prevs[:-1]) | (firsts[1:] != firsts[:-1]))):
+            return False
+    return True
 
 
 def chained_ids(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -120,14 +143,24 @@ def shared_lead(flat: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     lead = np.zeros(max(n, 0), dtype=np.int64)
     if n <= 0 or not len(flat):
         return lead
-    _, inverse, counts = np.unique(flat, return_inverse=True, return_counts=True)
+    shared = np.zeros(len(flat), dtype=bool)
+    for pos in _id_classes(flat):
+        _, inverse, counts = np.unique(flat[pos], return_inverse=True, return_counts=True)
+        shared[pos[counts[inverse] > 1]] = True
+    # A row's lead ends at its last shared id: the last shared position before the row's end, unless
+    # that is before the row's start. Rows in blocks of about _IDS_PER_PASS ids, for the positions.
     starts, ends = offsets[:-1], offsets[1:]
-    # Position in the row + 1 where the id is shared, 0 where it is not: the row's max is the lead.
-    row_of = np.repeat(np.arange(n), ends - starts)
-    upto = np.where(counts[inverse] > 1, np.arange(len(flat)) - starts[row_of] + 1, 0)
-    rows = np.flatnonzero(ends > starts)
-    if len(rows):
-        lead[rows] = np.maximum.reduceat(upto, starts[rows])
+    r0 = 0
+    while r0 < n:
+        r1 = max(r0 + 1, int(np.searchsorted(starts, starts[r0] + _IDS_PER_PASS, side="right")))
+        base = int(starts[r0])
+        shared_pos = np.flatnonzero(shared[base:int(ends[r1 - 1])]) + base
+        if len(shared_pos):
+            k = np.searchsorted(shared_pos, ends[r0:r1]) - 1
+            last = shared_pos[np.maximum(k, 0)]
+            has = (k >= 0) & (last >= starts[r0:r1])
+            lead[r0:r1][has] = (last - starts[r0:r1] + 1)[has]
+        r0 = r1
     return lead
 
 

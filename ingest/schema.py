@@ -179,6 +179,9 @@ def read_trace(path: str | Path, without: tuple[str, ...] = (), *,
                              path=str(path), field=f.name) from None
     table = pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=meta.to_parquet_metadata()))
     check_trace_rows(table, meta.hash_block_size, str(path), replayable=replayable)
+    # Decoding and the checks leave freed pages in Arrow's allocator (about as many as the table holds):
+    # hand them back, or they stay in the reader's peak memory for the whole command.
+    pa.default_memory_pool().release_unused()
     return table, meta
 
 

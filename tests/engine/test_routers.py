@@ -61,7 +61,7 @@ def _ctx(n: int, sessions=None, seed: int = 0) -> RouterContext:
     rows = len(sessions) if sessions else 8
     trace = TraceArrays(request_id=[f"r{i}" for i in range(rows)], arrival_ms=np.zeros(rows, np.int64),
                         input_tokens=np.zeros(rows, np.int64), output_tokens=np.zeros(rows, np.int64),
-                        hash_offsets=np.zeros(rows + 1, np.int64), hash_values=[],
+                        hash_offsets=np.zeros(rows + 1, np.int64), hash_values=np.zeros(0, np.uint64),
                         session_id=list(sessions) if sessions else [None] * rows, turn=np.full(rows, -1),
                         delay_ms=np.full(rows, np.nan), priority=np.zeros(rows, np.int64), hash_block_size=BS,
                         shared_lead=np.zeros(rows, np.int64))
