@@ -22,14 +22,22 @@ Fixtures, under --work (kept, and reused with --reuse; delete the directory when
   the same rows with the first two moved to the end (out of time order: ingest must sort);
 * none for ``synth``, which writes a 10 M-request trace (about 0.5 GB) under ``out/``;
 * ``synth1m.parquet``: `replay synth` of 1 M requests (bench_engine.py's synth-100k, ten times longer),
-  replayed by the two `replay run` cases (about 6 min each on this machine).
+  replayed by the two `replay run` cases (about 6 min each on this machine);
+* ``reuse1m.parquet`` / ``.jsonl`` and ``reuse10m.*``: the scale shapes, reuse-heavy traffic
+  (bench/compare/reuse_traffic.py, seed 10) of 1 M requests at 64 req/s and 10 M at 115 req/s (a day),
+  as a canonical trace and as the Mooncake JSONL that ``scale*-ingest`` reads. ``scale*-run`` replays
+  the trace on 8 (64) replicas behind ``kv_aware`` into ``out/scale*-run``, which ``scale*-report``
+  reports on (built by an unmeasured run first when the run case was not measured before it).
+
+The scale cases end to end (ingest, run, report of one size, in that order):
+
+    python bench/bench_memory.py --work /tmp/bench-memory --reuse --only scale1m-ingest --only scale1m-run --only scale1m-report
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -38,8 +46,35 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.shared import measure_process  # noqa: E402
+
 TARGET_MB = 2048
 RUN_CONFIG = ROOT / "bench" / "compare" / "configs" / "synth-100k.yaml"
+FLEET_CONFIG = ROOT / "bench" / "compare" / "configs" / "reuse-fleet8.yaml"  # 8 H200 replicas, reuse.yaml each
+# The scale shapes: reuse-heavy traffic (bench/compare/reuse_traffic.py) replayed end to end,
+# (requests, requests/s, replicas). 1 M at 64 req/s on 8 replicas; a day at 115 req/s on 64.
+SCALES = {"1m": (1_000_000, 64.0, 8), "10m": (10_000_000, 115.0, 64)}
+
+
+def _scale_cases(size: str) -> dict:
+    n, rate, replicas = SCALES[size]
+    run_dir = f"scale{size}-run"
+    what = f"{n // 1_000_000} M reuse-heavy requests at {rate:g} req/s"
+
+    def run(w: Path) -> list[str]:
+        return _cli("run", str(w / f"reuse{size}.parquet"), "-c", str(FLEET_CONFIG), "--set", "fleet.router=kv_aware",
+                    "--set", f"fleet.replicas={replicas}", "-o", str(w / "out" / run_dir), "-q")
+
+    return {
+        f"scale{size}-ingest": (f"reuse{size}", f"replay ingest, {what} (Mooncake JSONL)",
+                                lambda w: _cli("ingest", str(w / f"reuse{size}.jsonl"), "-o", str(w / "out" / f"ingested{size}.parquet"))),
+        f"scale{size}-run": (f"reuse{size}", f"replay run -q, {what}, {replicas} replicas, kv_aware", run),
+        f"scale{size}-report": (run_dir, "replay report of that run (charts, --json)",
+                                lambda w: _cli("report", str(w / "out" / run_dir), "-o", str(w / "out" / f"{run_dir}.md"),
+                                               "--json", str(w / "out" / f"{run_dir}.json"))),
+    }
 DENSE_RATE = 1_000_000 / 3600  # requests/s of the dense reports fixture: 1 M requests in an hour
 
 
@@ -84,6 +119,8 @@ CASES = {
                                  str(w / "out" / "run-q"), "-q")),
     "run": ("synth1m", "replay run with progress bar and summary table, 1 M requests",
             lambda w: _cli("run", str(w / "synth1m.parquet"), "-c", str(RUN_CONFIG), "-o", str(w / "out" / "run"))),
+    **_scale_cases("1m"),
+    **_scale_cases("10m"),
 }
 
 
@@ -143,28 +180,41 @@ def _child(kind: str, work: Path) -> None:
     elif kind == "synth1m":
         subprocess.run(_cli("synth", "-n", "1000000", "--seed", "0", "--arrival", "poisson", "--rate", "3.0",
                             "--turns-mean", "3.0", "-o", str(work / "synth1m.parquet")), check=True, cwd=ROOT)
+    elif kind.startswith("reuse"):
+        _reuse_trace(kind.removeprefix("reuse"), work)
+    elif kind.startswith("scale"):  # a replay output the report case reads: the run case, unmeasured
+        size = kind.removeprefix("scale").removesuffix("-run")
+        if not _built(f"reuse{size}", work):
+            _reuse_trace(size, work)
+        (work / "out").mkdir(exist_ok=True)
+        subprocess.run(_scale_cases(size)[f"scale{size}-run"][2](work), check=True, cwd=ROOT)
     else:
         raise SystemExit(f"unknown fixture {kind}")
+
+
+def _reuse_trace(size: str, work: Path) -> None:
+    """The scale shape's canonical trace and the same rows as Mooncake JSONL (what ingest reads)."""
+    import duckdb
+
+    from bench.compare.reuse_traffic import ReuseTrafficConfig, write_reuse_trace
+
+    n, rate, _ = SCALES[size]
+    trace = work / f"reuse{size}.parquet"
+    write_reuse_trace(trace, ReuseTrafficConfig(requests=n, rate=rate, seed=10))
+    tmp = work / f"reuse{size}.jsonl.part"  # renamed when complete: the JSONL marks the fixture built
+    duckdb.sql(f"COPY (SELECT arrival_ms AS timestamp, input_tokens AS input_length, output_tokens AS output_length, "
+               f"hash_ids FROM read_parquet('{trace}') ORDER BY arrival_ms) TO '{tmp}' (FORMAT JSON)")
+    tmp.rename(work / f"reuse{size}.jsonl")
 
 
 def _built(kind: str, work: Path) -> bool:
     marker = {"reports": work / "reports" / "b" / "run.json", "reports-dense": work / "reports-dense" / "a" / "run.json",
               "reports-dense4": work / "reports-dense4" / "a" / "chunks.parquet",
               "trace10m": work / "trace10m.parquet", "azure10m": work / "azure10m_ooo.csv",
-              "synth1m": work / "synth1m.parquet"}[kind]
+              "synth1m": work / "synth1m.parquet",
+              **{f"reuse{size}": work / f"reuse{size}.jsonl" for size in SCALES},
+              **{f"scale{size}-run": work / "out" / f"scale{size}-run" / "run.json" for size in SCALES}}[kind]
     return marker.exists()
-
-
-def _measure(cmd: list[str]) -> dict:
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({code}):\n{err[-2000:]}")
-    return {"wall_s": round(wall, 1), "peak_mb": round(usage.ru_maxrss / 1024.0)}
 
 
 def main() -> int:
@@ -192,7 +242,7 @@ def main() -> int:
                 print(f"(built {fixture} in {time.perf_counter() - t0:.0f} s)", flush=True)
             built.add(fixture)
             (work / "out").mkdir(exist_ok=True)
-            row = {"case": name, "what": what, **_measure(build(work))}
+            row = {"case": name, "what": what, **measure_process(build(work))}
             row["meets_target"] = row["peak_mb"] < TARGET_MB
             results.append(row)
             print(json.dumps(row), flush=True)

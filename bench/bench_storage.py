@@ -13,31 +13,17 @@ compare the two columns of one run, not figures across runs.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.shared import shared_dir  # noqa: E402
+from bench.shared import measure_process, shared_dir  # noqa: E402
 
 OUTPUTS = ("requests.parquet", "steps.parquet", "chunks.parquet")
-
-
-def _measure(cmd: list[str], cwd: Path) -> dict:
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=cwd)
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({code}):\n{err[-2000:]}")
-    return {"wall_s": round(wall, 1), "peak_mb": round(usage.ru_maxrss / 1024.0)}
 
 
 def _traces(work: Path, python: str) -> dict[str, Path]:
@@ -65,9 +51,9 @@ def main() -> int:
         for case in args.only or list(traces):
             for side, (checkout, python) in sides.items():
                 out = work / f"{case}-{side}"
-                run = _measure([python, "-m", "replay.cli", "run", str(traces[case]), "-o", str(out), "-q"], checkout)
+                run = measure_process([python, "-m", "replay.cli", "run", str(traces[case]), "-o", str(out), "-q"], checkout)
                 sizes = {f: (out / f).stat().st_size for f in OUTPUTS}
-                report = _measure([python, "-m", "replay.cli", "report", str(out), "-o", str(work / f"{case}-{side}.md")],
+                report = measure_process([python, "-m", "replay.cli", "report", str(out), "-o", str(work / f"{case}-{side}.md")],
                                   checkout)
                 row = {"case": case, "side": side, "run": run, "report": report, "bytes": sizes}
                 rows.append(row)

@@ -19,6 +19,26 @@ from tests.cli_helpers import ROOT, SAMPLE, invoke, write_sample_run, write_samp
 _ROWS = SAMPLE.read_text().splitlines()[:20]
 
 
+def _error_line(res, starts: str = "error: ") -> str:
+    """The command's only output line, which must start with ``starts``, after exit code 2."""
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(starts), res.output
+    return lines[0]
+
+
+def _refused_in_one_line(cases: dict, name: str, trace: Path, tmp_path: Path, monkeypatch,
+                         outputs: tuple[str, ...] = ("o", "o.parquet", "r.md", "r_files")) -> None:
+    """Case ``name`` of ``cases`` (args maker, message): one error line holding the message, exit 2,
+    and none of the ``outputs`` the commands would write."""
+    make, message = cases[name]
+    monkeypatch.chdir(tmp_path)
+    line = _error_line(invoke(*make(tmp_path, trace)))
+    assert message in line, line
+    for out in outputs:
+        assert not (tmp_path / out).exists(), out
+
+
 def _truncated_gz(d: Path) -> list[str]:
     whole = gzip.compress(("\n".join(_ROWS) + "\n").encode())
     (d / "t.jsonl.gz").write_bytes(whole[: len(whole) // 2])
@@ -93,16 +113,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_bad_input_is_one_line_and_exit_2(name, trace, tmp_path, monkeypatch):
-    make, message = CASES[name]
-    monkeypatch.chdir(tmp_path)
-    args = make(tmp_path, trace)
-    res = invoke(*args)
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
-    assert message in lines[0], lines[0]
-    assert not (tmp_path / "o").exists() and not (tmp_path / "o.parquet").exists()
-    assert not (tmp_path / "r_files").exists() and not (tmp_path / "r.md").exists()
+    _refused_in_one_line(CASES, name, trace, tmp_path, monkeypatch)
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
@@ -140,9 +151,7 @@ def test_export_out_of_duckdb_memory_is_one_line_and_exit_2(trace, tmp_path, mon
     write_sample_run(tmp_path / "out", trace)
     monkeypatch.setattr(export_module, "EXPORT_DUCKDB_MB", 1)
     res = invoke("export", tmp_path / "out", "-f", "vllm-bench", "-o", tmp_path / "e.json")
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: DuckDB ran out of memory"), res.output
+    _error_line(res, "error: DuckDB ran out of memory")
     assert not (tmp_path / "e.json").exists()
 
 
@@ -233,11 +242,8 @@ def test_a_canonical_trace_is_checked_on_read_as_strictly_as_ingest_writes_it(ca
     # Rows out of arrival order are fine there (it orders them itself, docs/trace-schema.md).
     inspect_reads = field not in ("request_id", "hash_ids", "turn", "delay_ms") and case != "unsorted rows"
     for args in (["run", "bad.parquet", "-o", "o", "-q"], *([["inspect", "bad.parquet"]] if inspect_reads else [])):
-        res = invoke(*args)
-        assert res.exit_code == 2, (args, res.output)
-        lines = res.output.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: bad.parquet"), res.output
-        assert field in lines[0], lines[0]
+        line = _error_line(invoke(*args), "error: bad.parquet")
+        assert field in line, (args, line)
     assert not (tmp_path / "o").exists()
 
 
@@ -363,15 +369,7 @@ TRACEBACK_CASES = {
 def test_no_input_ends_in_a_traceback(name, trace, tmp_path, monkeypatch):
     """Nesting beyond the parsers' recursion, a file of the wrong JSON shape or with zero dimensions,
     a damaged output read back: one line naming the file (and the key), exit 2, nothing written."""
-    make, message = TRACEBACK_CASES[name]
-    monkeypatch.chdir(tmp_path)
-    res = invoke(*make(tmp_path, trace))
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
-    assert message in lines[0], lines[0]
-    assert not (tmp_path / "o").exists() and not (tmp_path / "o.parquet").exists()
-    assert not (tmp_path / "r.md").exists() and not (tmp_path / "r_files").exists()
+    _refused_in_one_line(TRACEBACK_CASES, name, trace, tmp_path, monkeypatch)
 
 
 # --- silent nonsense: inputs that ran and gave wrong figures (or ran nothing, or never ended) ------------
@@ -421,15 +419,7 @@ NONSENSE_CASES = {
 def test_silent_nonsense_is_refused(name, trace, tmp_path, monkeypatch):
     """What used to run and report wrong figures (a clock too coarse for a step: TTFT 0.0), run nothing
     and exit 0, or quietly keep the last of two values, is refused in one line naming the key, exit 2."""
-    make, message = NONSENSE_CASES[name]
-    monkeypatch.chdir(tmp_path)
-    res = invoke(*make(tmp_path, trace))
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
-    assert message in lines[0], lines[0]
-    assert not (tmp_path / "o").exists() and not (tmp_path / "r.md").exists()
-    assert not (tmp_path / "sw" / "sweep.parquet").exists()
+    _refused_in_one_line(NONSENSE_CASES, name, trace, tmp_path, monkeypatch, ("o", "r.md", "sw/sweep.parquet"))
 
 
 def test_a_concurrency_beyond_the_requests_is_all_at_once(trace, tmp_path):
