@@ -32,7 +32,7 @@ from replay.engine.output_schema import (
 from replay.engine.pd_outputs import PD_REQUEST_FIELDS, POOL_FIELD, PDRequestColumns, pool_step_columns
 from replay.engine.request import Request
 from replay.engine.row_runs import ChunkRunRows, ColumnCutter, StepRow, StepRuns, WindowRows
-from replay.engine.trace_input import TraceArrays
+from replay.engine.trace_input import TraceArrays, string_array
 
 _ROW_GROUP = 1 << 20
 _CHUNK_RUNS_BUFFERED = 1 << 18  # closed chunk runs buffered before they go to the writer thread
@@ -111,7 +111,7 @@ class Recorder:
         self._step_runs = StepRuns(replica_column)
         self._chunk_cutter = ColumnCutter(_ROW_GROUP)
         self._step_cutter = ColumnCutter(_STEP_ROWS_BUFFERED)
-        self._request_ids = pa.array(trace.request_id, pa.string())
+        self._request_ids = string_array(trace.request_id)
         self._chunk_writer = pq.ParquetWriter(outdir / CHUNKS_FILE, CHUNKS_SCHEMA, **_PARQUET_OPTS)
         self._step_writer = pq.ParquetWriter(outdir / "steps.parquet", self._steps_schema,
                                              **_stream_opts(self._steps_schema))

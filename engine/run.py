@@ -326,10 +326,12 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
     """
     wall_start = time.perf_counter()
     setup = setup or resolve_setup(config)
+    # First, while the engine holds nothing: the fingerprint combines the trace into one copy for a while.
+    fingerprint = trace_fingerprint(table)
     trace = trace_arrays(table, meta.hash_block_size)
     requests = select_requests(trace, config, setup, on_error=on_error, trace_path=trace_path)
     if config.fleet is not None and config.fleet.clusters > 1:
-        return _replay_clustered(table, meta, config, outdir, trace, setup, requests, wall_start,
+        return _replay_clustered(table, meta, config, outdir, trace, setup, requests, wall_start, fingerprint,
                                  trace_path=trace_path, config_source=config_source, config_path=config_path,
                                  overwrite=overwrite, check_invariants=check_invariants, ray_address=ray_address)
     if ray_address is not None:
@@ -372,7 +374,6 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
             write_scaling(sorted((r for sc in pool_scaled.values() for r in sc.rows),
                                  key=lambda r: (r.time_ms, r.pool != "prefill")), tmp)
         trace_file = store_trace(table, meta, trace_path, outdir, tmp)
-        fingerprint = trace_fingerprint(table)
         wall_time_s = round(time.perf_counter() - wall_start, 3)
         facts = ReplayFacts(config=config, config_source=config_source, setup=setup, fingerprint=fingerprint,
                             meta=meta, trace=trace, trace_file=trace_file, selected=requests.selected,
@@ -396,7 +397,8 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
 
 
 def _replay_clustered(table: pa.Table, meta: TraceMetadata, config: EngineConfig, outdir: str | Path,
-                      trace: TraceArrays, setup: EngineSetup, requests: ReplayedRequests, wall_start: float, *,
+                      trace: TraceArrays, setup: EngineSetup, requests: ReplayedRequests, wall_start: float,
+                      fingerprint: str, *,
                       trace_path: str | Path | None, config_source: str | None,
                       config_path: str | Path | None, overwrite: bool, check_invariants: bool,
                       ray_address: str | None) -> RunSummary:
@@ -419,7 +421,7 @@ def _replay_clustered(table: pa.Table, meta: TraceMetadata, config: EngineConfig
         trace_file = store_trace(table, meta, trace_path, outdir, tmp)
         replicas = [rep for r in results for rep in r.replicas]
         facts = ReplayFacts(config=config, config_source=config_source, setup=setup,
-                            fingerprint=trace_fingerprint(table), meta=meta, trace=trace, trace_file=trace_file,
+                            fingerprint=fingerprint, meta=meta, trace=trace, trace_file=trace_file,
                             selected=requests.selected, rejected=requests.rejected, cores=replicas,  # type: ignore[arg-type]
                             recorder=MergedRecorder.of(len(trace), results),  # type: ignore[arg-type]
                             simulated_span_ms=max(r.span_ms for r in results),

@@ -46,6 +46,9 @@ def trace_fingerprint(table: pa.Table) -> str:
 
     with pa.ipc.new_stream(pa.PythonFile(_HashSink(), mode="w"), table.schema.remove_metadata()) as writer:
         writer.write_table(table.combine_chunks())
+    # The combined copy is freed, but Arrow's allocator keeps its pages (about the trace's size) for
+    # reuse unless told: hand them back.
+    pa.default_memory_pool().release_unused()
     return h.hexdigest()
 
 

@@ -138,8 +138,8 @@ def _trace_fingerprint(path: Path) -> str:
     table, _ = read_trace(path)
     fingerprint = trace_fingerprint(table)
     del table
-    # The trace and its combined copy are freed, but Arrow's allocator keeps the pages (about 300 MB
-    # at 1 M rows) for reuse unless told: hand them back before the report's queries start.
+    # The trace is freed, but Arrow's allocator keeps its pages for reuse unless told: hand them back
+    # before the report's queries start.
     pa.default_memory_pool().release_unused()
     return fingerprint
 
