@@ -143,12 +143,14 @@ def read_trace_metadata(path: str | Path) -> TraceMetadata:
 
 
 def read_trace(path: str | Path, without: tuple[str, ...] = (), *,
-               replayable: bool = False) -> tuple[pa.Table, TraceMetadata]:
+               replayable: bool = False, check_rows: bool = True) -> tuple[pa.Table, TraceMetadata]:
     """Read a whole canonical trace (columns cast to the canonical schema, optional columns kept),
     but for the columns named in ``without`` (which must still be in the file). Every row is checked as
     ``replay ingest`` writes it (``trace_checks.py``); ``replayable=True`` (a replay's reading) also
     refuses rows out of arrival order and hash ids that do not fit ``hash_block_size``, which
     ``replay inspect`` and the reports' trace views tolerate (they order rows and cap hits themselves).
+    ``check_rows=False`` skips the row checks (the table is the same): for a reader that only
+    fingerprints a trace another command already checked.
 
     The table's schema keeps the ``replay.*`` metadata, so ``trace_stats`` can find the block size.
     """
@@ -178,7 +180,8 @@ def read_trace(path: str | Path, without: tuple[str, ...] = (), *,
             raise TraceError(f"does not fit the canonical {f.type}: {' '.join(str(exc).split())}",
                              path=str(path), field=f.name) from None
     table = pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=meta.to_parquet_metadata()))
-    check_trace_rows(table, meta.hash_block_size, str(path), replayable=replayable)
+    if check_rows:
+        check_trace_rows(table, meta.hash_block_size, str(path), replayable=replayable)
     # Decoding and the checks leave freed pages in Arrow's allocator (about as many as the table holds):
     # hand them back, or they stay in the reader's peak memory for the whole command.
     pa.default_memory_pool().release_unused()

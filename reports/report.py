@@ -33,7 +33,7 @@ def write_report(outdir: str | Path, markdown: str | Path, *, slo: Slo | None = 
         metrics = compute(run, slo)
     finally:
         run.con.close()
-    appendix = validation_appendix(outdir, by)  # per-label table, predicted vs measured (reports/validate.py)
+    appendix = validation_appendix(outdir, run.trace_path, by)  # per-label table, predicted vs measured (reports/validate.py)
     chart_paths: dict[str, Path] = {}
     rel: dict[str, str] = {}
     if charts:

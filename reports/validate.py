@@ -284,13 +284,12 @@ def compute_validation(outdir: str | Path, *, measured: str | Path | None = None
                       worst=worst_rows, differences=differences, unrecorded=unrecorded, samples=samples)
 
 
-def has_measurements(outdir: str | Path) -> bool:
-    """Whether the run's trace carries measured columns (``replay report`` then adds a validation section)."""
-    run = open_run(outdir)
-    run.con.close()
-    if run.trace_path is None:
+def has_measurements(trace_path: Path | None) -> bool:
+    """Whether the run's trace (``Run.trace_path``: None when not found) carries measured columns
+    (``replay report`` then adds a validation section)."""
+    if trace_path is None:
         return False
-    names = pq.read_schema(run.trace_path).names
+    names = pq.read_schema(trace_path).names
     return any(c in names for c in COMPARED)
 
 

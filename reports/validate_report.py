@@ -56,14 +56,14 @@ def write_validation(outdir: str | Path, markdown: str | Path | None, *, measure
     return ValidationOutput(markdown=markdown, charts=paths, validation=v)
 
 
-def validation_appendix(outdir: str | Path, by: str | None = None) -> str:
-    """``replay report``'s extra sections: metrics per label (``by``) and, when the trace carries
-    measured columns, predictions against them ("" when neither applies). Tables only; ``replay
-    validate`` draws the charts."""
+def validation_appendix(outdir: str | Path, trace_path: Path | None, by: str | None = None) -> str:
+    """``replay report``'s extra sections: metrics per label (``by``) and, when the run's trace
+    (``trace_path``, as ``open_run`` found it) carries measured columns, predictions against them ("" when
+    neither applies). Tables only; ``replay validate`` draws the charts."""
     out: list[str] = []
     if by is not None:
         out += ["", *labels_section(by, label_groups(outdir, by))]
-    if has_measurements(outdir):
+    if has_measurements(trace_path):
         try:
             v = compute_validation(outdir, by=by)
         except ReplayError as exc:  # e.g. no request matched: say so rather than fail the whole report
