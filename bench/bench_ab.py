@@ -54,6 +54,8 @@ WORKLOADS: dict[str, tuple[str, str, list[str]]] = {
     "reuse-evict-first15k": ("reuse-evict-30k-8rps", "reuse-smallkv.yaml", ["load.max_requests=15000"]),
     "reuse-highrate-first20k": ("reuse-highrate-40k-24rps", "reuse.yaml", ["load.max_requests=20000"]),
     "reuse-fleet8-first25k": ("reuse-fleet8-64rps", "reuse-fleet8.yaml", ["load.max_requests=25000"]),
+    "reuse-fleet8-kv-first10k": ("reuse-fleet8-64rps", "reuse-fleet8.yaml",
+                                 ["load.max_requests=10000", "fleet.router=kv_aware"]),
 }
 OUTPUTS = ("requests.parquet", "steps.parquet", "chunks.parquet")
 
