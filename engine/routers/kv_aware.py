@@ -21,7 +21,9 @@ for ``ttl_s`` (120 s; routing a block again renews it), pruned to 80% of ``max_t
 (2^20) by earliest expiry.
 
 Block identities are the engine's block keys: chained like Dynamo's sequence hashes, so the blocks
-a request shares with a worker's active requests are a leading run (found by bisection).
+a request shares with a worker's active requests are a leading run. The active requests' blocks are
+kept per key run (ActiveBlocks), not per block: a handful of runs per request rather than hundreds
+of blocks, with the same answers.
 """
 
 from __future__ import annotations
@@ -45,6 +47,72 @@ def _leading_run(keys: list[int], contains) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+class ActiveBlocks:
+    """The distinct prompt blocks of one worker's active requests (Dynamo's ActiveSequences), held
+    as key runs (BlockKeys.key_runs from block 0): a run is the blocks of one trace block, and as
+    block keys are chained, every request's run in a given trace block is a prefix of the same
+    sequence, named by its first key. So per run start the lengths held (with their counts) say
+    everything: the blocks held there are the longest length's, and a request's leading blocks
+    held are found run by run. Per request, work in runs (one per trace block), not in blocks."""
+
+    __slots__ = ("lengths", "longest", "num_blocks")
+
+    def __init__(self) -> None:
+        self.lengths: dict[int, dict[int, int]] = {}  # run start -> {length: active requests}
+        self.longest: dict[int, int] = {}  # run start -> the longest length held
+        self.num_blocks = 0  # distinct blocks held: the sum of the longest lengths
+
+    def add(self, runs: list[range]) -> None:
+        lengths, longest = self.lengths, self.longest
+        for run in runs:
+            n = len(run)
+            key = run.start
+            counts = lengths.get(key)
+            if counts is None:
+                lengths[key] = {n: 1}
+                longest[key] = n
+                self.num_blocks += n
+                continue
+            counts[n] = counts.get(n, 0) + 1
+            m = longest[key]
+            if n > m:
+                longest[key] = n
+                self.num_blocks += n - m
+
+    def remove(self, runs: list[range]) -> None:
+        lengths, longest = self.lengths, self.longest
+        for run in runs:
+            n = len(run)
+            key = run.start
+            counts = lengths[key]
+            left = counts[n] - 1
+            if left:
+                counts[n] = left
+                continue
+            del counts[n]
+            m = longest[key]
+            if not counts:
+                del lengths[key]
+                del longest[key]
+                self.num_blocks -= m
+            elif n == m:
+                m2 = max(counts)
+                longest[key] = m2
+                self.num_blocks -= m - m2
+
+    def held_prefix(self, runs: list[range]) -> int:
+        """Leading blocks of ``runs`` held by an active request."""
+        longest = self.longest
+        total = 0
+        for run in runs:
+            n = len(run)
+            m = longest.get(run.start, 0)
+            if m < n:
+                return total + m
+            total += n
+        return total
 
 
 class ApproxIndex:
@@ -86,7 +154,7 @@ class KvAwareRouter(Router):
         self.weight = options.overlap_score_weight
         self.temperature = options.router_temperature
         self.kv_events = options.kv_events
-        self.active: list[dict[int, int]] = [{} for _ in range(self.n)]  # key -> active requests holding it
+        self.active = [ActiveBlocks() for _ in range(self.n)]  # prompt blocks of the active requests
         self.prefill_tokens = [0] * self.n
         self.prefilling: list[list[tuple[Request, int]]] = [[] for _ in range(self.n)]
         self.tier_weights = options.tier_weights
@@ -96,6 +164,12 @@ class KvAwareRouter(Router):
     def _prompt_keys(self, req: Request) -> list[int]:
         n_full = req.num_prompt_tokens // self.ctx.block_size
         return req.keys.keys_upto(n_full)[:n_full]
+
+    def _prompt_runs(self, req: Request) -> list[range]:
+        """The prompt's full blocks as key runs: the same keys as ``_prompt_keys``, in order."""
+        keys = req.keys
+        runs = keys.key_runs(0, req.num_prompt_tokens // self.ctx.block_size, keys.block_size)
+        return [run for run in runs if len(run)]
 
     def _overlap(self, pos: int, replicas: list[ReplicaView], keys: list[int], runs: list[range],
                  now_ms: float) -> int:
@@ -120,8 +194,11 @@ class KvAwareRouter(Router):
 
     def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
         bs = self.ctx.block_size
-        keys = self._prompt_keys(req)
-        runs = req.keys.key_runs(0, len(keys), bs) if self.kv_events else []
+        num_blocks = req.num_prompt_tokens // bs
+        prompt_runs = self._prompt_runs(req)
+        keys = [] if self.kv_events else self._prompt_keys(req)
+        runs = (prompt_runs if req.keys.block_size == bs else req.keys.key_runs(0, num_blocks, bs)) \
+            if self.kv_events else []
         isl = req.num_prompt_tokens
         costs: list[float] = []
         new_tokens: list[int] = []
@@ -136,15 +213,12 @@ class KvAwareRouter(Router):
             if new < 0:
                 new = 0
             active = self.active[w]
-            shared_active = _leading_run(keys, active.__contains__) if active else 0
-            decode_blocks = len(keys) - shared_active + len(active)
+            decode_blocks = num_blocks - active.held_prefix(prompt_runs) + active.num_blocks
             costs.append(self.weight * (new + self.prefill_tokens[w]) / bs + decode_blocks)
             new_tokens.append(new)
         pos = self._pick_min(costs) if self.temperature <= 0 else self._sample(costs)
         w = replicas[pos].replica
-        active = self.active[w]
-        for key in keys:
-            active[key] = active.get(key, 0) + 1
+        self.active[w].add(prompt_runs)
         self.prefill_tokens[w] += new_tokens[pos]
         self.prefilling[w].append((req, new_tokens[pos]))
         if self.approx is not None:
@@ -167,17 +241,11 @@ class KvAwareRouter(Router):
         return len(costs) - 1
 
     def request_finished(self, req: Request, replica: int) -> None:
-        active = self.active[replica]
-        for key in self._prompt_keys(req):
-            left = active[key] - 1
-            if left:
-                active[key] = left
-            else:
-                del active[key]
+        self.active[replica].remove(self._prompt_runs(req))
         self._settle_prefills(replica)
 
     def replica_started(self, replica: int) -> None:
-        self.active[replica] = {}
+        self.active[replica] = ActiveBlocks()
         self.prefill_tokens[replica] = 0
         self.prefilling[replica] = []
         if self.approx is not None:

@@ -120,7 +120,7 @@ def test_kv_aware_cost_is_dynamos():
     r = build_router("kv_aware", {}, _ctx(2))
     # cost_0 = 1.0 * (128 - 6 * 16) / 16 + 8 new blocks = 2 + 8 = 10; cost_1 = 8 + 8 = 16
     assert r.route(req, reps, 0.0) == 0
-    assert r.prefill_tokens == [32, 0] and len(r.active[0]) == 8
+    assert r.prefill_tokens == [32, 0] and r.active[0].num_blocks == 8
     # A second request sharing the first 4 blocks (chained ids: block 4 differs, so the overlap is
     # 4 blocks): replica 0 carries 32 prefill tokens and 8 active blocks, 4 of them shared:
     # cost_0 = (128 - 64 + 32) / 16 + (8 - 4 + 8) = 6 + 12 = 18; cost_1 = 128 / 16 + 8 = 16.
@@ -135,16 +135,69 @@ def test_kv_aware_cost_is_dynamos():
 
 def _costs(router, req, reps) -> list[float]:
     """The router's costs for ``req`` without routing it (recomputed as route() does)."""
-    from replay.engine.routers.kv_aware import _leading_run
-
     keys = router._prompt_keys(req)
     out = []
     for w in range(router.n):
         overlap = router._overlap(w, reps, keys, req.keys.key_runs(0, len(keys), BS), 0.0)
         new = max(0, req.num_prompt_tokens - overlap * BS)
-        shared = _leading_run(keys, router.active[w].__contains__)
-        out.append(router.weight * (new + router.prefill_tokens[w]) / BS + len(keys) - shared + len(router.active[w]))
+        shared = router.active[w].held_prefix(router._prompt_runs(req))
+        out.append(router.weight * (new + router.prefill_tokens[w]) / BS + len(keys) - shared
+                   + router.active[w].num_blocks)
     return out
+
+
+@pytest.mark.parametrize("lookahead", [0, 8])
+def test_kv_aware_active_blocks_by_run_match_the_blocks_one_by_one(lookahead: int):
+    """Trace blocks of 4 engine blocks, chained ids from a prefix tree, prompts ending inside a
+    trace block: the runs kept per request give the same distinct blocks and leading hits as a
+    count per block key (Dynamo's ActiveSequences, block by block)."""
+    import random
+
+    from replay.engine.routers.kv_aware import ActiveBlocks
+
+    rng = random.Random(7)
+    hb = 4 * BS
+    children: dict[tuple, int] = {}
+
+    def chain(path: tuple) -> list[int]:  # chained ids: an id names its whole prefix
+        ids = []
+        for i in range(len(path)):
+            ids.append(children.setdefault(path[:i + 1], len(children) + 1))
+        return ids
+
+    def request(idx: int) -> tuple[list[range], list[int]]:
+        path = tuple(rng.randrange(2) for _ in range(rng.randint(1, 4)))
+        ids = chain(path)
+        tokens = rng.randint((len(ids) - 1) * hb + 1, len(ids) * hb)
+        keys = BlockKeys(ids, 0, len(ids), hb, BS, tokens, idx, lookahead)  # lookahead: unique last keys
+        n = tokens // BS
+        return [run for run in keys.key_runs(0, n, BS) if len(run)], keys.keys_upto(n)[:n]
+
+    active = ActiveBlocks()
+    held: dict[int, int] = {}  # block key -> active requests holding it
+    live: list[tuple[list[range], list[int]]] = []
+    for idx in range(400):
+        runs, keys = request(idx)
+        lead = 0
+        while lead < len(keys) and keys[lead] in held:
+            lead += 1
+        assert active.held_prefix(runs) == lead
+        if live and rng.random() < 0.45:
+            gone_runs, gone_keys = live.pop(rng.randrange(len(live)))
+            active.remove(gone_runs)
+            for k in gone_keys:
+                held[k] -= 1
+                if not held[k]:
+                    del held[k]
+        else:
+            active.add(runs)
+            live.append((runs, keys))
+            for k in keys:
+                held[k] = held.get(k, 0) + 1
+        assert active.num_blocks == len(held)
+    for gone_runs, _ in live:
+        active.remove(gone_runs)
+    assert active.num_blocks == 0 and not active.lengths and not active.longest
 
 
 def test_kv_aware_forgets_finished_requests_and_settles_prefills():
@@ -155,9 +208,9 @@ def test_kv_aware_forgets_finished_requests_and_settles_prefills():
     assert r.prefill_tokens[w] == 48
     a.first_token_ms = 5.0
     r._settle_prefills(w)
-    assert r.prefill_tokens[w] == 0 and len(r.active[w]) == 3
+    assert r.prefill_tokens[w] == 0 and r.active[w].num_blocks == 3
     r.request_finished(a, w)
-    assert r.active[w] == {}
+    assert r.active[w].num_blocks == 0 and not r.active[w].lengths
 
 
 def test_kv_aware_approximate_mode_remembers_routed_blocks_for_the_ttl():
@@ -167,7 +220,7 @@ def test_kv_aware_approximate_mode_remembers_routed_blocks_for_the_ttl():
     first = r.route(done, reps, 0.0)
     done.first_token_ms = done.finish_ms = 10.0
     r.request_finished(done, first)
-    assert r.active[first] == {} and r.prefill_tokens[first] == 0
+    assert r.active[first].num_blocks == 0 and r.prefill_tokens[first] == 0
     keys = _keys([1, 2, 3, 4])
     assert r._overlap(first, reps, keys, [], 500.0) == 4  # still remembered
     assert r.route(_req(1, [1, 2, 3, 4]), reps, 500.0) == first
