@@ -37,18 +37,6 @@ from replay.engine.request import Request
 from replay.engine.routers.base import Router, RouterContext
 
 
-def _leading_run(keys: list[int], contains) -> int:
-    """Length of the leading run of ``keys`` found by ``contains`` (the found set is prefix-closed)."""
-    lo, hi = 0, len(keys)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if contains(keys[mid - 1]):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 class ActiveBlocks:
     """The distinct prompt blocks of one worker's active requests (Dynamo's ActiveSequences), held
     as key runs (BlockKeys.key_runs from block 0): a run is the blocks of one trace block, and as
