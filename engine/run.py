@@ -32,6 +32,7 @@ from replay.engine.kv_tier_report import tier_names
 from replay.engine.kv_tiers import TierPools
 from replay.engine.load_window import parse_window
 from replay.engine.output_schema import RUN_FILE
+from replay.engine.pd_fleet import PDFleetLoop
 from replay.engine.pd_outputs import PDRequestColumns
 from replay.engine.pd_run import (
     build_pd_parts,
@@ -291,6 +292,18 @@ def run_fleet(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, part
     return loop
 
 
+def served_cores(loop: FleetLoop, scaler: FleetScaler | None) -> list[EngineCore]:
+    """Every engine that served, one per life of an autoscaled fleet or pool (empty fleet slots of
+    a pool that never filled them left out)."""
+    if scaler is not None:
+        return scaler.cores()
+    scalers = pool_scalers(loop) if isinstance(loop, PDFleetLoop) else {}
+    if not scalers:
+        return loop.cores
+    return [core for name, fixed in (("prefill", loop.prefill_cores), ("decode", loop.decode_cores))
+            for core in (scalers[name].cores() if name in scalers else fixed)]
+
+
 def replay_end_ms(recorder: Recorder, selected: np.ndarray) -> float:
     """When an autoscaled replay's last request finished or was refused (its controller's last
     decision may come later: the replay's span, and the GPUs' bill, end here)."""
@@ -377,7 +390,7 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
         wall_time_s = round(time.perf_counter() - wall_start, 3)
         facts = ReplayFacts(config=config, config_source=config_source, setup=setup, fingerprint=fingerprint,
                             meta=meta, trace=trace, trace_file=trace_file, selected=requests.selected,
-                            rejected=requests.rejected, cores=scaler.cores() if scaler else loop.cores,
+                            rejected=requests.rejected, cores=served_cores(loop, scaler),
                             recorder=recorder, simulated_span_ms=span_ms, wall_time_s=wall_time_s,
                             session_delay_rule=delay_rule, pools=pools)
         info = build_run_info(facts)

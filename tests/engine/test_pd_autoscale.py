@@ -162,3 +162,13 @@ def test_the_report_shows_the_fleet_over_time_per_pool(tmp_path, monkeypatch):
     assert "- prefill pool:" in section and "- decode pool:" in section
     assert "Autoscaling of the prefill pool:" in section and "Autoscaling of the decode pool:" in section
     assert result.charts["fleet_over_time"].is_file()
+
+
+def test_run_json_counts_every_engine_that_served_and_no_empty_slot(tmp_path, monkeypatch):
+    data = _fleet(prefill={"scheduler": {"max_num_seqs": 1}, "autoscale": PREFILL_SCALING},
+                  decode={"autoscale": DECODE_SCALING})
+    reqs, _, steps, info = _replay(_step_rows(90.0), tmp_path, data, monkeypatch, timer=FixedTimer(ms=100.0))
+    # The decode pool kept its one replica: one row, though it has 8 slots; it served every request.
+    assert [r["replica"] for r in info["fleet"]["per_replica"]] == [0]
+    assert info["fleet"]["per_replica"][0]["requests"] == len(reqs)
+    assert info["totals"]["steps"] == len(steps)
