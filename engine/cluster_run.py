@@ -25,10 +25,11 @@ from replay.engine.clusters import ClusterPlan
 from replay.engine.config import EngineConfig
 from replay.engine.core import EngineCore
 from replay.engine.fleet import FleetLoop
+from replay.engine.kv_tier_report import TierFigures, tier_figures, tier_names
 from replay.engine.recorder import Recorder
 from replay.engine.routers import RouterContext, build_router
 from replay.engine.run_setup import EngineSetup, resolve_setup
-from replay.engine.scheduler_factory import build_scheduler
+from replay.engine.scheduler_factory import build_scheduler, tier_pools_for
 from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
 from replay.engine.trace_input import TraceArrays, trace_arrays
 
@@ -83,6 +84,7 @@ class ClusterResult:
     num_chunks: int
     span_ms: float
     files: dict[str, bytes] = field(default_factory=dict)  # the output files, when sent from a worker
+    tiers: list[TierFigures] = field(default_factory=list)  # its KV tiers (its own cluster tiers)
 
 
 def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, cp: ClusterPlan,
@@ -94,20 +96,26 @@ def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup,
     sampler = None
     if config.speculative is not None:
         sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
+    # KV tiers per cluster: a cluster-scope tier is one store for this cluster's replicas (clusters
+    # replay apart, on their own workers; docs/kv-tiers.md, "Fleets").
+    tier_pools = tier_pools_for(config, setup.kv_bytes_per_token)
     schedulers = [build_scheduler(config, setup.num_gpu_blocks, setup.max_model_len, sampler=sampler,
-                                  kv_bytes_per_token=setup.kv_bytes_per_token) for _ in range(per)]
+                                  kv_bytes_per_token=setup.kv_bytes_per_token, tier_pools=tier_pools, replica=i)
+                  for i in range(per)]
     router = None
     if per > 1:
         # Each cluster's router has its own seed (random routing must not repeat across clusters).
         ctx = RouterContext(num_replicas=per, block_size=config.kv_cache.block_size,
                             num_gpu_blocks=setup.num_gpu_blocks, seed=config.seed + cp.cluster, trace=trace)
         router = build_router(fleet.router, fleet.router_options, ctx)
-    recorder = Recorder(trace, outdir, replica_column=True, cluster_part=True)
+    recorder = Recorder(trace, outdir, replica_column=True, cluster_part=True, tier_names=tier_names(config))
     cores = [EngineCore(i, sched, setup.timer, recorder, check_invariants=check_invariants)
              for i, sched in enumerate(schedulers)]
     loop = FleetLoop(trace, cp.plan, cores, router, recorder, block_size=config.kv_cache.block_size,
                      hash_lookahead=schedulers[0].kv.hash_lookahead, rejected=cp.rejected,
                      router_latency_ms=fleet.router_latency_ms)
+    if tier_pools is not None:
+        tier_pools.set_clock(lambda: loop.now)
     loop.run_recorded()
     rows = np.flatnonzero(recorder.replayed)
     replica = recorder.replica[rows].astype(np.int64)
@@ -122,7 +130,8 @@ def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup,
     ) for core in loop.cores]
     return ClusterResult(cluster=cp.cluster, replicas=totals, rows=rows, status=recorder.status[rows].copy(),
                          output_tokens=recorder.output_tokens[rows].copy(), replica=replica,
-                         num_steps=recorder.num_steps, num_chunks=recorder.num_chunks, span_ms=loop.now)
+                         num_steps=recorder.num_steps, num_chunks=recorder.num_chunks, span_ms=loop.now,
+                         tiers=tier_figures(loop.cores))
 
 
 def replay_cluster_remote(table: pa.Table, hash_block_size: int | None, config: EngineConfig,

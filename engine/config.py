@@ -286,11 +286,19 @@ class EngineConfig(StrictModel):
         host = self.host_offload
         if self.kv_cache.tiers:
             fleet = self.fleet
-            if fleet is not None and (fleet.disaggregated or fleet.clusters > 1 or fleet.autoscale is not None):
-                raise ValueError("kv_cache.tiers: not yet modeled for a disaggregated, clustered or autoscaled fleet "
-                                 "(a cluster tier would not be shared across pools, clusters or new replicas)")
+            if fleet is not None and fleet.disaggregated:
+                for pool in ("prefill", "decode"):
+                    spec = getattr(fleet, pool)
+                    if spec is not None and spec.kv_cache and "tiers" in spec.kv_cache:
+                        raise ValueError(f"fleet.{pool}.kv_cache.tiers: the tiers are the fleet's, set at the top "
+                                         f"level (kv_cache.tiers): a cluster tier is one store both pools share")
             check_tier_chain(self.kv_cache.tiers, host is not None,
                              (host.block_size if host is not None else None) or self.kv_cache.block_size)
+        fleet = self.fleet
+        if fleet is not None and fleet.disaggregated and fleet.kv_transfer.decode_source == "cluster_tier" \
+                and not any(t.scope == "cluster" for t in self.kv_cache.tiers):
+            raise ValueError("fleet.kv_transfer.decode_source: cluster_tier needs a kv_cache.tiers entry with "
+                             "scope: cluster to read from")
         weights = self.fleet.router_options.get("tier_weights") if self.fleet is not None else None
         if weights:
             names = ([HOST_OFFLOAD_TIER_NAME] if host is not None else []) + [t.name for t in self.kv_cache.tiers]

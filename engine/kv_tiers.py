@@ -283,14 +283,17 @@ class TierChain:
         self._loads[idx] = parts
         return start + sum([p.blocks for p in parts])
 
-    def walk(self, runs: list[range], start: int, num_blocks: int) -> list[TierLoad]:
-        """The parts a hit from offload block ``start`` takes from the tiers (changes nothing)."""
+    def walk(self, runs: list[range], start: int, num_blocks: int, cluster_only: bool = False) -> list[TierLoad]:
+        """The parts a hit from offload block ``start`` takes from the tiers (changes nothing);
+        ``cluster_only``: from the cluster-scope tiers alone (a decode replica's P/D read)."""
         parts: list[TierLoad] = []
         pos = start
         progress = True
         while progress and pos < num_blocks:
             progress = False
             for i, tier in enumerate(self.tiers):
+                if cluster_only and tier.cfg.scope != "cluster":
+                    continue
                 n = tier.count(runs, pos)
                 if n:
                     parts.append(TierLoad(i, runs_slice(runs, pos, pos + n)))
@@ -303,6 +306,10 @@ class TierChain:
     def start_load(self, idx: int, now_ms: float) -> tuple[float, list[TierLoad]]:
         """Pin and send the parts of ``idx``'s last lookup; returns (completion, parts)."""
         parts = self._loads.pop(idx, [])
+        return self.send(parts, now_ms), parts
+
+    def send(self, parts: list[TierLoad], now_ms: float) -> float:
+        """Pin ``parts`` in their tiers and issue their reads; returns when the last has landed."""
         done = now_ms
         for p in parts:
             tier = self.tiers[p.tier]
@@ -311,7 +318,7 @@ class TierChain:
             tier.blocks_read += p.blocks
             if t > done:
                 done = t
-        return done, parts
+        return done
 
     def finish_load(self, parts: list[TierLoad], now_ms: float) -> None:
         """Unpin, touch (a load is an access) and promote into the host tiers above each source."""

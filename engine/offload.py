@@ -251,6 +251,27 @@ class OffloadManager:
         heapq.heappush(self._loads, (done, r.idx))
         self.loading[r.idx] = r
 
+    def start_cluster_read(self, r: Request, num_local: int, now_ms: float) -> tuple[int, int, float]:
+        """A decode replica's P/D request (``num_local`` prompt tokens hit in its GPU cache) loads
+        the whole prompt blocks the cluster-scope tiers hold from there on, over this replica's
+        links to them (``fleet.kv_transfer.decode_source: cluster_tier``). Returns (tokens, bytes)
+        taken from the tiers, and when they have landed; the rest comes over the P->D link."""
+        lower = self.lower
+        bs = self.block_size
+        num_blocks = r.num_prompt_tokens // bs
+        start = num_local // bs
+        if lower is None or start >= num_blocks:
+            return 0, 0, now_ms
+        lower.apply(now_ms)
+        parts = lower.walk(self._runs(r, 0, num_blocks), start, num_blocks, cluster_only=True)
+        if not parts:
+            return 0, 0, now_ms
+        blocks = sum([p.blocks for p in parts])
+        done = lower.send(parts, now_ms)
+        r.tier_loads = parts
+        heapq.heappush(self._loads, (done, r.idx))  # the replica wakes when the last part lands
+        return (start + blocks) * bs - num_local, blocks * self.block_bytes, done
+
     def _record_tier_hits(self, r: Request, num_local: int, num_external: int, parts: list) -> None:
         """Hit tokens per tier at first admission (G2 first when present): each part's blocks, less
         the GPU hit's share of the first offload block and the recomputed last token of a full hit."""

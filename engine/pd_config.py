@@ -88,6 +88,11 @@ class KVTransferConfig(_Strict):
     latency_ms: float = Field(0.0, ge=0.0)  # fixed cost per transfer (handshake, notification), after its bytes
     bytes_per_token: int | Literal["auto"] = "auto"  # auto: the model's KV per token, all layers and heads
     timing_mode: Literal["destination_missing", "full_prompt"] = "destination_missing"
+    # Where a decode replica loads the prompt from (docs/disagg.md, "KV tiers"): ``prefill``, all of
+    # it over the P->D link (vLLM's NIXL, Dynamo with KVBM on the prefill workers); ``cluster_tier``,
+    # the blocks a cluster-scope KV tier holds from that tier, the rest over the P->D link (Mooncake
+    # Store, LMCache's shared-storage P/D).
+    decode_source: Literal["prefill", "cluster_tier"] = "prefill"
 
     @field_validator("bandwidth_gb_per_s")
     @classmethod

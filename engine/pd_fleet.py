@@ -47,7 +47,8 @@ class PDFleetLoop(FleetLoop):
                  block_size: int, hash_lookahead: int, rejected: dict[int, str], transfer_bytes_per_token: int,
                  transfer_full_prompt: bool, local_prefill_max_tokens: int | None, prefill_queue_max: int | None,
                  router_latency_ms: float = 0.0, progress: ProgressFn | None = None,
-                 live_prefill: int | None = None, live_decode: int | None = None) -> None:
+                 live_prefill: int | None = None, live_decode: int | None = None,
+                 reads_cluster_tier: bool = False) -> None:
         """``prefill_cores``, ``decode_cores``: one engine per fleet slot of each pool; an autoscaled
         pool (engine/pd_scaling.py) has more slots than replicas at the start, and only the first
         ``live_prefill`` / ``live_decode`` serve then (the rest are empty engines a joining replica
@@ -87,6 +88,10 @@ class PDFleetLoop(FleetLoop):
         self._bound_for: list[dict[int, int]] = [{} for _ in decode_cores]
         self._incoming = [0] * len(decode_cores)
         self._net_version = 0
+        # fleet.kv_transfer.decode_source cluster_tier: a decode replica loads what the cluster
+        # tiers hold of the prompt from them; trace row -> when those parts have landed.
+        self.reads_cluster_tier = reads_cluster_tier
+        self._tier_ready: dict[int, float] = {}
 
     def _prediction_mode(self) -> str:
         return "any"  # a request reaches a decode replica when a prefill step ends, not at arrival
@@ -171,6 +176,7 @@ class PDFleetLoop(FleetLoop):
         dreq.num_cached_tokens = r.num_cached_tokens  # the prompt's compute saved by P's prefix cache
         dreq.num_cpu_hit_tokens = r.num_cpu_hit_tokens
         dreq.num_preemptions = r.num_preemptions
+        dreq.tier_hit_tokens = r.tier_hit_tokens  # the prompt's compute saved by P's KV tiers
         self.register_parent(dreq, decode.replica)
         self.deliver(dreq, decode, end_ms, OPEN)
 
@@ -233,13 +239,22 @@ class PDFleetLoop(FleetLoop):
         bs = self.block_size
         prompt_blocks = -(-r.num_prompt_tokens // bs)
         blocks = prompt_blocks if self.full_prompt else prompt_blocks - num_local // bs
+        cols = self.columns
+        offload = decode.sched.offload
+        if self.reads_cluster_tier and offload is not None:
+            # What the cluster tiers hold (past the local hit) comes from them, the rest from P.
+            tokens, tier_bytes, ready = offload.start_cluster_read(r, num_local, now_ms)
+            if tokens:
+                blocks -= tokens // bs
+                self._tier_ready[idx] = ready
+                cols.tier_tokens[idx] = tokens
+                cols.tier_bytes[idx] = tier_bytes
         nbytes = blocks * bs * self.bytes_per_token  # NIXL reads whole blocks
         d = decode.replica - self.num_prefill
         tr = Transfer(idx=idx, src=prefill.replica, dst=d, nbytes=nbytes, start_ms=now_ms)
         self.network.start(tr, now_ms)
         self._reads[idx] = (tr, decode, r)
         self._incoming[d] += 1
-        cols = self.columns
         cols.decode_cached[idx] = num_local
         cols.transfer_bytes[idx] = nbytes
         cols.transfer_start[idx] = now_ms
@@ -255,7 +270,9 @@ class PDFleetLoop(FleetLoop):
             self._pool_finished(prefill, t)  # a draining prefill replica retires once its blocks are read
             _, decode, dreq = self._reads.pop(tr.idx)
             self._incoming[tr.dst] -= 1
-            dreq.load_ready_ms = t  # vLLM finished_recving: seen by the decode replica's next schedule
+            # vLLM finished_recving: seen by the decode replica's next schedule (with a cluster
+            # tier's part, once that has landed too).
+            dreq.load_ready_ms = max(t, self._tier_ready.pop(tr.idx, t))
             self.columns.transfer_end[tr.idx] = t
             self.wake(decode, t)
         self._reschedule_network()

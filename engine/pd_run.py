@@ -11,11 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from replay.base.errors import ConfigError
 from replay.engine.arrivals import ArrivalPlan, plan_arrivals
 from replay.engine.config import DTYPE_BYTES, EngineConfig
 from replay.engine.core import EngineCore
 from replay.engine.fleet import ProgressFn
 from replay.engine.fleet_scaling import FleetScaler
+from replay.engine.kv_tiers import TierPools
 from replay.engine.kv_transfer import TransferNetwork
 from replay.engine.models import get_model
 from replay.engine.pd_fleet import PDFleetLoop
@@ -27,7 +29,7 @@ from replay.engine.run_setup import EngineSetup, resolve_setup
 from replay.engine.scaling_config import AutoscaleConfig
 from replay.engine.scaling_output import PoolBill
 from replay.engine.scheduler import Scheduler
-from replay.engine.scheduler_factory import build_scheduler
+from replay.engine.scheduler_factory import build_scheduler, tier_pools_for
 from replay.engine.slo_capacity import ReplicaCapacity
 from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
 from replay.engine.trace_input import TraceArrays
@@ -71,20 +73,41 @@ class PDParts:
     plan: ArrivalPlan
     decode_router: Router | None
     prefill_router: Router | None
+    tier_pools: TierPools | None = None  # kv_cache.tiers: one set for both pools (cluster tiers shared)
 
 
-def _pool(config: EngineConfig, name: str, trace: TraceArrays, setup: EngineSetup | None) -> Pool:
+def _pool(config: EngineConfig, name: str, trace: TraceArrays, setup: EngineSetup,
+          tier_pools: TierPools | None, first_replica: int) -> Pool:
     pool_cfg = config.pool_config(name)
-    setup = setup or resolve_setup(pool_cfg)
     sampler = None
     if pool_cfg.speculative is not None:
         sampler = AcceptanceSampler(resolve_rates(pool_cfg.speculative), pool_cfg.speculative.seed)
     spec = getattr(config.fleet, name)
     schedulers = [build_scheduler(pool_cfg, setup.num_gpu_blocks, setup.max_model_len, sampler=sampler,
-                                  kv_bytes_per_token=setup.kv_bytes_per_token, kv_connector=True)
-                  for _ in range(spec.id_capacity)]
+                                  kv_bytes_per_token=setup.kv_bytes_per_token, kv_connector=True,
+                                  tier_pools=tier_pools, replica=first_replica + i)
+                  for i in range(spec.id_capacity)]
     return Pool(name=name, config=pool_cfg, setup=setup, schedulers=schedulers, initial=spec.initial_replicas,
                 sampler=sampler)
+
+
+def _fleet_tiers(config: EngineConfig, prefill: EngineSetup, decode: EngineSetup) -> TierPools | None:
+    """The fleet's KV tiers, shared by both pools: replica tiers per replica (prefill replicas
+    numbered first), each cluster tier one store. Both pools must offload blocks of one size."""
+    pools = {name: tier_pools_for(config.pool_config(name), setup.kv_bytes_per_token)
+             for name, setup in (("prefill", prefill), ("decode", decode))}
+    p, d = pools["prefill"], pools["decode"]
+    if p is None or d is None:
+        return None
+    hosts = {name: config.pool_config(name).host_offload is not None for name in pools}
+    if hosts["prefill"] != hosts["decode"]:
+        raise ConfigError("fleet.prefill.host_offload: with kv_cache.tiers both pools have G2 or neither "
+                          "(G2 is the first tier of the fleet's one chain)")
+    if (p.block_size, p.block_bytes) != (d.block_size, d.block_bytes):
+        raise ConfigError(f"fleet.prefill.host_offload.block_size: the pools offload blocks of {p.block_size} "
+                          f"tokens ({p.block_bytes} bytes) and {d.block_size} tokens ({d.block_bytes} bytes); "
+                          f"the fleet's KV tiers keep blocks of one size")
+    return d
 
 
 def _router(name: str, options: dict, pool: Pool, config: EngineConfig, trace: TraceArrays) -> Router | None:
@@ -99,12 +122,15 @@ def _router(name: str, options: dict, pool: Pool, config: EngineConfig, trace: T
 def build_pd_parts(trace: TraceArrays, config: EngineConfig, decode_setup: EngineSetup,
                    selected: np.ndarray) -> PDParts:
     fleet = config.fleet
-    prefill = _pool(config, "prefill", trace, None)
-    decode = _pool(config, "decode", trace, decode_setup)
+    prefill_setup = resolve_setup(config.pool_config("prefill"))
+    tiers = _fleet_tiers(config, prefill_setup, decode_setup)
+    prefill = _pool(config, "prefill", trace, prefill_setup, tiers, 0)
+    decode = _pool(config, "decode", trace, decode_setup, tiers, fleet.prefill.id_capacity)
     plan = plan_arrivals(trace, config.load, config.seed, selected)
     return PDParts(prefill=prefill, decode=decode, plan=plan,
                    decode_router=_router(fleet.router, fleet.router_options, decode, config, trace),
-                   prefill_router=_router(fleet.prefill_router, fleet.prefill_router_options, prefill, config, trace))
+                   prefill_router=_router(fleet.prefill_router, fleet.prefill_router_options, prefill, config, trace),
+                   tier_pools=tiers)
 
 
 def prefill_pool_rejects(trace: TraceArrays, selected: np.ndarray, config: EngineConfig) -> dict[int, str]:
@@ -143,11 +169,14 @@ def run_pd_fleet(trace: TraceArrays, config: EngineConfig, parts: PDParts, rejec
                        local_prefill_max_tokens=fleet.local_prefill_max_tokens,
                        prefill_queue_max=fleet.prefill_queue_max,
                        router_latency_ms=fleet.router_latency_ms, progress=progress,
-                       live_prefill=parts.prefill.initial, live_decode=parts.decode.initial)
+                       live_prefill=parts.prefill.initial, live_decode=parts.decode.initial,
+                       reads_cluster_tier=transfer.decode_source == "cluster_tier")
     controls = [pool_control(loop, pool, getattr(fleet, pool.name).autoscale, trace, recorder,
                              total_requests, fast_forward=fast_forward, check_invariants=check_invariants)
                 for pool in (parts.prefill, parts.decode) if getattr(fleet, pool.name).autoscale is not None]
     attach_pool_controls(loop, controls)
+    if parts.tier_pools is not None:
+        parts.tier_pools.set_clock(lambda: loop.now)
     loop.run_recorded()
     return loop
 

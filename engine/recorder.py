@@ -29,7 +29,7 @@ from replay.engine.output_schema import (
     STATUS_UNFINISHED,
     STEPS_SCHEMA,
 )
-from replay.engine.pd_outputs import PD_REQUEST_FIELDS, POOL_FIELD, PDRequestColumns, pool_step_columns
+from replay.engine.pd_outputs import POOL_FIELD, PDRequestColumns, pool_step_columns
 from replay.engine.request import Request
 from replay.engine.row_runs import ChunkRunRows, ColumnCutter, StepRow, StepRuns, WindowRows
 from replay.engine.trace_input import TraceArrays, string_array
@@ -103,7 +103,7 @@ class Recorder:
         self.num_prefill = num_prefill
         if pd_columns is not None:
             self._steps_schema = self._steps_schema.append(POOL_FIELD)
-            for field in PD_REQUEST_FIELDS:
+            for field in pd_columns.fields:
                 self._requests_schema = self._requests_schema.append(field)
         # Pending rows as runs, handed whole to the writer thread (which cuts exact row groups).
         self._chunk_runs = ChunkRunRows()
@@ -350,7 +350,7 @@ class Recorder:
         if self.replica_column:
             cols["replica"] = pa.array(self.replica[sel], mask=self.replica[sel] < 0)
         if self.pd_columns is not None:
-            for field, column in zip(PD_REQUEST_FIELDS, self.pd_columns.columns(sel, self.replica, self.load_wait)):
+            for field, column in zip(self.pd_columns.fields, self.pd_columns.columns(sel, self.replica, self.load_wait)):
                 cols[field.name] = column
         table = pa.Table.from_pydict(cols, schema=self._requests_schema)
         pq.write_table(table, self.outdir / "requests.parquet", row_group_size=_ROW_GROUP, **_PARQUET_OPTS)

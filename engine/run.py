@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import gc
 import shutil
@@ -22,13 +23,13 @@ from replay.engine.admission import Admission
 from replay.engine.arrivals import ArrivalPlan, plan_arrivals
 from replay.engine.autoscale import Autoscaler, build_policy
 from replay.engine.cluster_merge import merge_outputs
-from replay.engine.cluster_run import MergedRecorder, replay_clusters
+from replay.engine.cluster_run import ClusterResult, MergedRecorder, replay_clusters
 from replay.engine.clusters import assign_clusters, split_plan
 from replay.engine.config import EngineConfig
 from replay.engine.core import EngineCore
 from replay.engine.fleet import FleetLoop, ProgressFn
 from replay.engine.fleet_scaling import FleetScaler
-from replay.engine.kv_tier_report import tier_names
+from replay.engine.kv_tier_report import TierFigures, tier_names
 from replay.engine.kv_tiers import TierPools
 from replay.engine.load_window import parse_window
 from replay.engine.output_schema import RUN_FILE
@@ -262,8 +263,11 @@ def build_scaling(config: EngineConfig, setup: EngineSetup, trace: TraceArrays, 
                                    ttft_ms=cfg.ttft_ms, tpot_ms=cfg.tpot_ms)
 
     def new_core(replica: int) -> EngineCore:
+        # A joining replica starts cold: its GPU cache and replica tiers are empty, while the
+        # fleet's cluster tiers (one store for every replica) are there to read.
         sched = build_scheduler(config, setup.num_gpu_blocks, setup.max_model_len, sampler=parts.sampler,
-                                kv_bytes_per_token=setup.kv_bytes_per_token)
+                                kv_bytes_per_token=setup.kv_bytes_per_token, tier_pools=parts.tier_pools,
+                                replica=replica)
         return EngineCore(replica, sched, setup.timer, recorder, fast_forward=fast_forward,
                           check_invariants=check_invariants)
 
@@ -361,9 +365,10 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
     pools = None
     with atomic_dir(outdir, overwrite=overwrite, inputs=inputs) as tmp:
         if disaggregated:
-            columns = PDRequestColumns(len(trace))
+            columns = PDRequestColumns(len(trace), tiers=bool(config.kv_cache.tiers))
             recorder = Recorder(trace, tmp, replica_column=True, pd_columns=columns,
-                                num_prefill=len(pd_parts.prefill.schedulers), request_rows=requests.selected)
+                                num_prefill=len(pd_parts.prefill.schedulers), tier_names=tier_names(config),
+                                request_rows=requests.selected)
             pd_loop = run_pd_fleet(trace, config, pd_parts, requests.rejected, recorder, columns, progress=progress,
                                    fast_forward=fast_forward, check_invariants=check_invariants,
                                    total_requests=len(requests.selected))
@@ -439,7 +444,7 @@ def _replay_clustered(table: pa.Table, meta: TraceMetadata, config: EngineConfig
                             recorder=MergedRecorder.of(len(trace), results),  # type: ignore[arg-type]
                             simulated_span_ms=max(r.span_ms for r in results),
                             wall_time_s=round(time.perf_counter() - wall_start, 3),
-                            session_delay_rule=plan.delay_rule)
+                            session_delay_rule=plan.delay_rule, tiers=_cluster_tiers(results))
         info = build_run_info(facts)
         info["fleet"]["clusters"] = fleet.clusters
         info["fleet"]["global_router"] = fleet.global_router
@@ -449,3 +454,14 @@ def _replay_clustered(table: pa.Table, meta: TraceMetadata, config: EngineConfig
                                     * config.tensor_parallel_size, span_ms)
         write_json_atomic(tmp / RUN_FILE, info)
     return RunSummary(outdir=Path(outdir), run_info=info)
+
+
+def _cluster_tiers(results: list[ClusterResult]) -> list[TierFigures] | None:
+    """The clusters' KV tier figures added up, tier by tier (None without tiers)."""
+    if not results or not results[0].tiers:
+        return None
+    total = [copy.deepcopy(f) for f in results[0].tiers]
+    for r in results[1:]:
+        for mine, theirs in zip(total, r.tiers):
+            mine.add(theirs)
+    return total

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from replay.base.version import __version__
 from replay.engine.fleet_summary import fleet_summary
-from replay.engine.kv_tier_report import tier_summary
+from replay.engine.kv_tier_report import TierFigures, tier_figures, tier_summary
 from replay.engine.native import core_kind
 
 if TYPE_CHECKING:  # annotations only: run.py imports this module
@@ -71,6 +71,7 @@ class ReplayFacts:
     wall_time_s: float
     session_delay_rule: str
     pools: dict | None = None  # a disaggregated fleet's per-pool totals and KV transfers (engine/pd_run.py)
+    tiers: list[TierFigures] | None = None  # a fleet of clusters: its clusters' KV tier figures, added up
 
 
 def run_totals(facts: ReplayFacts) -> dict:
@@ -162,5 +163,6 @@ def build_run_info(facts: ReplayFacts) -> dict:
     elif config.fleet is not None:
         info["fleet"] = fleet_summary(cores, facts.recorder, facts.selected, facts.simulated_span_ms)
     if config.kv_cache.tiers:
-        info["kv_tiers"] = tier_summary(cores, totals["prefix_query_tokens"], facts.simulated_span_ms)
+        figures = facts.tiers if facts.tiers is not None else tier_figures(cores)
+        info["kv_tiers"] = tier_summary(figures, totals["prefix_query_tokens"], facts.simulated_span_ms)
     return info

@@ -241,6 +241,9 @@ class Scheduler:
                     continue
                 if r.remote_loading:
                     r.remote_loading = False
+                    if r.tier_loads:  # P/D with a cluster tier's part: unpin, touch, promote it
+                        assert offload is not None
+                        offload.finish_load(r)
                     if r.num_computed_tokens == r.num_tokens:  # vLLM _update_waiting_for_remote_kv:
                         r.num_computed_tokens -= 1  # the last prompt token is recomputed to sample
                     kv.allocate_slots(r, 0, None, 0)  # the read blocks become findable only now (vLLM)
