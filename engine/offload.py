@@ -340,10 +340,8 @@ class OffloadManager:
 
     def reserved_blocks(self) -> int:
         """GPU blocks the requests loading still need for their whole known tokens (vLLM 0.33
-        Scheduler._inflight_prefill_reserved_blocks). Only with tiers below G2: G2 alone keeps the
-        admission it had before tiers existed (no reservation; docs/kv-tiers.md, "Departures")."""
-        if self.lower is None:
-            return 0
+        Scheduler._inflight_prefill_reserved_blocks, over the loads in flight: G2's and the tiers'
+        alike; docs/kv-tiers.md, "Departures", says what of vLLM's set is left out)."""
         bs = self.kv.block_size
         n = 0
         for r in self.loading.values():
