@@ -8,7 +8,7 @@
 - The prefix-cache map (engine/block_hash_map.py) maps each key to its cached copies.
 
 This module composes the two, and keeps the reference counts that live outside the map's table
-slots. Block ids are handed out fresh (a counter) and live as long as a block's contents: the id of
+slots; returning freed blocks to the queue is engine/block_pool_free.py. Block ids are handed out fresh (a counter) and live as long as a block's contents: the id of
 a registered block is dropped when its key is evicted. Same decisions, evictions and outputs as one
 free-queue entry and one map entry per block (tests/reference_block_pool.py, compared call by call
 by tests/engine/test_block_pool.py and replay by replay, byte for byte, by
@@ -28,9 +28,10 @@ run id, into the slot.
 
 from __future__ import annotations
 
-from typing import cast, final
+from typing import cast
 
 from replay.engine.block_hash_map import BlockHashToBlockMap, SlotTable, count_equal
+from replay.engine.block_pool_free import free_registered
 from replay.engine.free_block_queue import AnonymousRun, FreeKVCacheBlockQueue
 
 
@@ -342,7 +343,6 @@ class BlockPool:
                 j += 1
         return count
 
-    # -- frees ---------------------------------------------------------------------------------------
     def free_blocks(self, blocks_in_eviction_order: list[int], runs: list[range], num_uncached: int,
                     num_private: int) -> None:
         """Drop one reference each; blocks reaching zero join the free queue.
@@ -365,94 +365,9 @@ class BlockPool:
             queue.append_anonymous(num_private, True)
         skip = num_uncached + num_private
         self.num_free += skip
-        if not runs:
-            return
-        blocks = blocks_in_eviction_order[skip:] if skip else blocks_in_eviction_order
-        # Blocks other holders still reference lose one reference and stay in use; the rest are
-        # freed, in order. A table's first copies are counted in its slots: a run inside one table
-        # (descending, the eviction order) is one slice compare and a list update per block.
-        # (Plain loops over list[object]: compiled, no id is unboxed and boxed again.)
-        hash_map = self.cached_block_hash_to_block
-        tables = hash_map.tables
-        step = -self.block_size
-        batch = _FreedBatch(queue.next_run_id)  # the run they join (taken only if any is freed)
-        rid = batch.run_id
-        freed = batch.blocks
-        freed_keys = batch.keys
-        blocks_o = cast("list[object]", blocks)
-        j = 0
-        for rng in runs:
-            m = len(rng)
-            if m == 0:
-                continue
-            top_key = rng[0]
-            if top_key < 0 or (m > 1 and rng.step != step):  # keys unique to the request
-                for key in rng:
-                    if key >= 0:
-                        self._release_slot(key, blocks_o[j], batch)
-                    else:
-                        self._release(blocks_o[j], key, batch)
-                    j += 1
-                continue
-            tid, top = hash_map.slot_of(top_key)
-            table = tables[tid]
-            refs = table.ref_counts
-            lo = top - m + 1
-            seg = table.blocks[lo:top + 1]
-            seg.reverse()
-            if seg == blocks[j:j + m]:  # all first copies (the common case)
-                ones = count_equal(refs, lo, top + 1, 1)
-                if ones == m:  # the last reference on each: all freed, into run rid
-                    refs[lo:top + 1] = [0] * m
-                    table.free_run_ids[lo:top + 1] = [rid] * m
-                    freed.extend(blocks_o[j:j + m])
-                    freed_keys.extend(rng)
-                    j += m
-                    continue
-                if ones == 0:  # all still held by others: counts only
-                    for s in range(lo, top + 1):
-                        refs[s] = refs[s] - 1
-                    j += m
-                    continue
-            for key in rng:
-                self._release_slot(key, blocks_o[j], batch)
-                j += 1
-        if not freed:
-            return
-        queue.append_registered(rid, freed, freed_keys, batch.off_table)
-        self.num_free += len(freed)
-
-    def _release_slot(self, key: int, b: object, batch: _FreedBatch) -> None:
-        """Drop a reference on ``b``, registered under the trace-named ``key``: counted in the
-        key's slot when it is the first copy (freed: the slot takes the batch's run id), else (a
-        further copy) by itself."""
-        hash_map = self.cached_block_hash_to_block
-        tid, i = hash_map.slot_of(key)
-        table = hash_map.tables[tid]
-        if cast("list[object]", table.blocks)[i] == b:
-            refs = table.ref_counts
-            c = refs[i] - 1
-            refs[i] = c
-            if c == 0:
-                table.free_run_ids[i] = batch.run_id
-                batch.blocks.append(b)
-                batch.keys.append(key)
-        else:
-            self._release(b, key, batch)
-
-    def _release(self, b: object, key: object, batch: _FreedBatch) -> None:
-        """Drop a reference on a block outside the slots; at zero it joins the batch, recorded off
-        the tables (FreeKVCacheBlockQueue.run_id_of_block)."""
-        extra = self.extra_refs
-        c = extra.get(b, 0)
-        if c == 0:
-            batch.blocks.append(b)
-            batch.keys.append(key)
-            batch.off_table.append(b)
-        elif c == 1:
-            del extra[b]
-        else:
-            extra[b] = c - 1
+        if runs:
+            blocks = blocks_in_eviction_order[skip:] if skip else blocks_in_eviction_order
+            self.num_free += free_registered(self.cached_block_hash_to_block, self.extra_refs, queue, blocks, runs)
 
     # -- registration --------------------------------------------------------------------------------
     def cache_full_blocks(self, blocks: list[int], runs: list[range]) -> None:
@@ -538,15 +453,3 @@ class BlockPool:
         n_keys = self.num_cached_keys() + sum(len(c) for c in hash_map.further_copies.values())
         n_keyed = len(free_keys) + sum(1 for b, k in in_use_keys.items() if k is not None)
         _require(n_keys == n_keyed, f"{n_keys} cached copies but {n_keyed} keyed blocks")
-
-
-@final
-class _FreedBatch:
-    """The blocks one free_blocks call frees, in eviction order: they join the free queue as one
-    registered run, ``run_id``."""
-
-    def __init__(self, run_id: int) -> None:
-        self.run_id = run_id
-        self.blocks: list[object] = []
-        self.keys: list[object] = []
-        self.off_table: list[object] = []  # those recorded in run_id_of_block (not first copies in a slot)
