@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import cast
 
 from replay.engine.block_hash_map import BlockHashToBlockMap, SlotTable, count_equal
+from replay.engine.block_keys import key_group
 from replay.engine.block_pool_free import free_registered
 from replay.engine.free_block_queue import AnonymousRun, FreeKVCacheBlockQueue
 
@@ -68,8 +69,9 @@ class BlockPool:
         # Counts changes to the prefix-cache map (registrations, evictions): a lookup made at an
         # unchanged version would find the same blocks (KVCacheManager.get_computed_blocks).
         self.version = 0
-        # Keys a repeated lookup read (a queue head blocked step after step): a change to what any of
-        # them maps to sets watch_hit, so the lookup is redone only then.
+        # Key groups (BlockKeys.key_group: trace ids) the last lookup read (a queue head blocked step
+        # after step): registering or evicting a key of one of them sets watch_hit, so the lookup is
+        # redone only then (KVCacheManager.get_computed_blocks).
         self.watched: set[int] | None = None
         self.watch_hit = False
         # Counts changes to which blocks are free (allocations, hits, frees): num_free_among of the
@@ -133,7 +135,7 @@ class BlockPool:
                     queue.run_id_of_block.pop(b, None)  # (a slot's block is not there)
                 self.num_evictions += 1
                 self.version += 1
-                if self.watched is not None and key in self.watched:
+                if self.watched is not None and key_group(key) in self.watched:
                     self.watch_hit = True
                 hash_map = self.cached_block_hash_to_block
                 if hash_map.further_copies:
@@ -188,7 +190,7 @@ class BlockPool:
                     for b in taken:
                         off_table.pop(b, None)  # (a slot's block is not there)
                 self.version += 1
-                if self.watched is not None and not self.watched.isdisjoint(taken_keys):
+                if self.watched is not None and any_in_groups(cast("list[int]", taken_keys), self.watched):
                     self.watch_hit = True
                 hash_map = self.cached_block_hash_to_block
                 if hash_map.further_copies:
@@ -376,8 +378,8 @@ class BlockPool:
         self.version += 1
         watched = self.watched
         if watched is not None:
-            for rng in runs:
-                if not watched.isdisjoint(rng):
+            for rng in runs:  # each run lies in one group
+                if len(rng) and key_group(rng[0]) in watched:
                     self.watch_hit = True
                     break
         self.cached_block_hash_to_block.insert_all(blocks, runs)
@@ -453,3 +455,11 @@ class BlockPool:
         n_keys = self.num_cached_keys() + sum(len(c) for c in hash_map.further_copies.values())
         n_keyed = len(free_keys) + sum(1 for b, k in in_use_keys.items() if k is not None)
         _require(n_keys == n_keyed, f"{n_keys} cached copies but {n_keyed} keyed blocks")
+
+
+def any_in_groups(keys: list[int], groups: set[int]) -> bool:
+    """Whether any of ``keys`` is in one of the key ``groups`` (BlockKeys.key_group)."""
+    for key in keys:
+        if key_group(key) in groups:
+            return True
+    return False

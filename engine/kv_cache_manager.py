@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from replay.engine.block_keys import key_group
 from replay.engine.block_pool import BlockPool
 from replay.engine.request import Request
 
@@ -42,12 +43,13 @@ class KVCacheManager:
         # vLLM 0.33 num_reprefillable_tokens: multi-module MTP may re-prefill the last
         # num_prefill_lookahead - 1 computed tokens, so they are never cached.
         self.reprefillable = reprefillable
-        # The last lookup (request, pool version, walkable blocks, hits, hit tokens, watched):
-        # schedule() often asks again for the queue head that waiting_is_blocked() has just looked
-        # up (same version); a head that stays blocked is asked at every step, so from its second
-        # walk on the pool watches the keys it read (BlockPool.watched) and the walk is redone only
-        # when one of them changes.
-        self._memo: tuple[Request, int, int, list[int], int, bool] | None = None
+        # The last lookup (request, pool version, walkable blocks, hits, hit tokens): schedule()
+        # often asks again for the queue head that waiting_is_blocked() has just looked up, and a
+        # head that stays blocked is asked at every step. The pool watches the key groups (trace
+        # ids) the walk read (BlockPool.watched), and the walk is redone only after a key of one of
+        # them was registered or evicted; the groups are one per trace block, so the watch costs
+        # nothing per block to set up.
+        self._memo: tuple[Request, int, int, list[int], int] | None = None
         # (hits, pool.free_version, how many of them are free): admission asks for the same hits up
         # to three times in a row (the blocked-queue check, the admission gate, allocate_slots).
         self._evictable_memo: tuple[list[int], int, int] | None = None
@@ -77,24 +79,16 @@ class KVCacheManager:
         bs = self.block_size
         limit = min((req.num_tokens - 1) // bs, (req.num_tokens - self.hash_lookahead) // bs)
         memo = self._memo
-        watch = False
-        if memo is not None and memo[0] is req and memo[2] == limit:
-            if memo[1] == pool.version or (memo[5] and not pool.watch_hit):
-                return memo[3], memo[4]  # the list is read-only for callers
-            watch = True  # asked again after a change: a blocked head; watch the keys it reads
-        elif pool.watched is not None:
-            pool.watched = None  # another request's watch: drop it
-        walkable = limit
+        if memo is not None and memo[0] is req and memo[2] == limit and not pool.watch_hit:
+            return memo[3], memo[4]  # nothing it read has changed; the list is read-only for callers
         # One table slice per trace block (BlockPool.cached_prefix), no key materialised.
-        hits = pool.cached_prefix(req.keys.key_runs(0, limit, bs))
-        walked = len(hits)
+        runs = req.keys.key_runs(0, limit, bs)
+        hits = pool.cached_prefix(runs)
+        pool.watched = groups_read(runs, len(hits))
+        pool.watch_hit = False
         if self.drop_last_hit and hits:
             hits.pop()
-        if watch:
-            num_read = walked + 1 if walked < walkable else walked  # the hits and the first miss
-            pool.watched = set(req.keys.keys_upto(num_read)[:num_read])
-            pool.watch_hit = False
-        self._memo = (req, pool.version, walkable, hits, len(hits) * bs, watch)
+        self._memo = (req, pool.version, limit, hits, len(hits) * bs)
         return hits, len(hits) * bs
 
     def num_blocks_to_admit(self, req: Request, new_computed_blocks: list[int], num_tokens: int,
@@ -212,3 +206,19 @@ class KVCacheManager:
             self.pool.free_blocks(blocks, runs, len(blocks) - n, n - reg)
         req.block_ids = []
         req.num_cached_blocks = 0
+
+
+def groups_read(runs: list[range], num_hits: int) -> set[int]:
+    """The key groups (BlockKeys.key_group) of the keys a prefix walk over ``runs`` read: its
+    ``num_hits`` hits and the first miss. Each run lies in one group, so this is one entry per run."""
+    groups: set[int] = set()
+    left = num_hits
+    for rng in runs:
+        n = len(rng)
+        if n == 0:
+            continue
+        groups.add(key_group(rng[0]))
+        if left < n:  # the first miss is in this run
+            break
+        left -= n
+    return groups

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from itertools import repeat
 from operator import itemgetter
 
+from replay.engine.block_keys import key_group
+
 _first = itemgetter(0)
 _second = itemgetter(1)
 
@@ -86,7 +88,7 @@ class PerBlockPool:
             if key is not None:
                 self.num_evictions += 1
                 self.version += 1
-                if self.watched is not None and key in self.watched:
+                if self.watched is not None and key_group(key) in self.watched:
                     self.watch_hit = True
                 if not key:
                     pass  # private: in no map
@@ -104,7 +106,7 @@ class PerBlockPool:
             keys = list(filter(None, values))  # registered keys (real keys are never 0)
             if keys:
                 self.version += 1
-                if self.watched is not None and not self.watched.isdisjoint(keys):
+                if self.watched is not None and not self.watched.isdisjoint(map(key_group, keys)):
                     self.watch_hit = True
             if not keys:
                 pass
@@ -184,7 +186,7 @@ class PerBlockPool:
         """As BlockPool.cache_full_blocks, one dict entry per key."""
         keys = [key for rng in runs for key in rng]
         self.version += 1
-        if self.watched is not None and not self.watched.isdisjoint(keys):
+        if self.watched is not None and not self.watched.isdisjoint(map(key_group, keys)):
             self.watch_hit = True
         for b, key in zip(blocks, keys):
             if key in self.cached:

@@ -1,10 +1,10 @@
 """get_computed_blocks' memo (pool version, watched keys) never returns a stale answer.
 
 A queue head that cannot be admitted is looked up at every step; the engine answers from a memo
-until the prefix-cache map changes (BlockPool.version), and for a head asked again after a change,
-until one of the keys its walk read changes (BlockPool.watched). Here random admissions, decodes,
-frees and evictions run on a tiny pool while one head is asked again and again, and every answer
-must equal a fresh walk of the map; a hand-checked case pins the eviction of a watched key.
+until a key in one of the key groups (trace ids) its walk read is registered or evicted
+(BlockPool.watched). Here random admissions, decodes, frees and evictions run on a tiny pool while
+one head is asked again and again, and every answer must equal a fresh walk of the map; hand-checked
+cases pin the eviction of a watched key and a change elsewhere that keeps the memo.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import random
 import pytest
 
 from replay.engine.block_keys import BlockKeys
+from replay.engine.block_pool import BlockPool
 from replay.engine.kv_cache_manager import KVCacheManager
 from replay.engine.request import Request
 
@@ -105,3 +106,26 @@ def test_evicting_a_watched_key_is_seen() -> None:
     c = _request(4, [3, 7])
     kv.allocate_slots(c, c.num_tokens)  # takes the rest: evicts head's hits
     assert kv.get_computed_blocks(head)[0] == _fresh_walk(kv, head) != first
+
+
+def test_a_change_in_another_group_keeps_the_memo_and_one_in_a_read_group_redoes_the_walk(monkeypatch) -> None:
+    """The head's first walk sets the watch: registering an unrelated trace id answers from the
+    memo (no walk), registering the head's first miss redoes it and finds the new hit."""
+    kv = KVCacheManager(20, BS)
+    a = _request(1, [1, 4])
+    kv.allocate_slots(a, a.num_tokens)
+    a.num_computed_tokens = a.num_tokens
+    head = _request(2, [1, 4, 13])
+    walks = []
+    walk = BlockPool.cached_prefix
+    monkeypatch.setattr(BlockPool, "cached_prefix", lambda pool, runs: walks.append(1) or walk(pool, runs))
+    assert len(kv.get_computed_blocks(head)[0]) == 2 and len(walks) == 1
+    other = _request(3, [2, 7])
+    kv.allocate_slots(other, other.num_tokens)  # registers ids 2 and 7: groups the head never read
+    version = kv.pool.version
+    assert version == kv._memo[1] + 1  # the map changed...
+    assert kv.get_computed_blocks(head)[0] == _fresh_walk(kv, head) and len(walks) == 1  # ...not for the head
+    c = _request(4, [1, 4, 13])
+    kv.allocate_slots(c, c.num_tokens)  # registers id 13: the head's first miss
+    hits, tokens = kv.get_computed_blocks(head)
+    assert len(walks) == 2 and hits == _fresh_walk(kv, head) and len(hits) == 3 and tokens == 3 * BS
