@@ -49,7 +49,7 @@ def _require(ok: bool, message: str) -> None:
 class BlockPool:
     __slots__ = ("num_gpu_blocks", "block_size", "extra_refs", "cached_block_hash_to_block", "free_block_queue",
                  "num_free", "num_evictions", "_next_block_id", "uncached_first", "version", "watched",
-                 "watch_hit", "free_version")
+                 "watch_hit", "watch_free_change", "free_version")
 
     def __init__(self, num_gpu_blocks: int, block_size: int = 16) -> None:
         if num_gpu_blocks < 2:
@@ -74,6 +74,9 @@ class BlockPool:
         # redone only then (KVCacheManager.get_computed_blocks).
         self.watched: set[int] | None = None
         self.watch_hit = False
+        # Set when a hit or a free touched a block of a watched group: how many of that lookup's hits
+        # are free may have changed (KVCacheManager memoises num_free_among of them until then).
+        self.watch_free_change = False
         # Counts changes to which blocks are free (allocations, hits, frees): num_free_among of the
         # same blocks at an unchanged free_version gives the same answer (KVCacheManager memoises it).
         self.free_version = 0
@@ -249,6 +252,8 @@ class BlockPool:
         hits of a trace-block run are that table's slots, counted there.
         """
         self.free_version += 1
+        if self.watched is not None:
+            self._note_free_change(runs)
         n = len(blocks)
         bs = self.block_size
         hash_map = self.cached_block_hash_to_block
@@ -368,8 +373,20 @@ class BlockPool:
         skip = num_uncached + num_private
         self.num_free += skip
         if runs:
+            if self.watched is not None:
+                self._note_free_change(runs)
             blocks = blocks_in_eviction_order[skip:] if skip else blocks_in_eviction_order
             self.num_free += free_registered(self.cached_block_hash_to_block, self.extra_refs, queue, blocks, runs)
+
+    def _note_free_change(self, runs: list[range]) -> None:
+        """Blocks under the keys of ``runs`` were taken or freed: note it if a watched group is
+        among them (each run lies in one group)."""
+        watched = self.watched
+        assert watched is not None
+        for rng in runs:
+            if len(rng) and key_group(rng[0]) in watched:
+                self.watch_free_change = True
+                return
 
     # -- registration --------------------------------------------------------------------------------
     def cache_full_blocks(self, blocks: list[int], runs: list[range]) -> None:

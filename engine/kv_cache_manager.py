@@ -50,9 +50,10 @@ class KVCacheManager:
         # them was registered or evicted; the groups are one per trace block, so the watch costs
         # nothing per block to set up.
         self._memo: tuple[Request, int, int, list[int], int] | None = None
-        # (hits, pool.free_version, how many of them are free): admission asks for the same hits up
-        # to three times in a row (the blocked-queue check, the admission gate, allocate_slots).
-        self._evictable_memo: tuple[list[int], int, int] | None = None
+        # (hits, pool.free_version, how many of them are free, whether the pool watches them):
+        # admission asks for the same hits up to three times in a row (the blocked-queue check, the
+        # admission gate, allocate_slots), and a blocked head's at every step.
+        self._evictable_memo: tuple[list[int], int, int, bool] | None = None
         # (hits, their keys' runs): the pool counts a hit's references in its trace block's table.
         self._runs_memo: tuple[list[int], list[range]] | None = None
 
@@ -106,11 +107,19 @@ class KVCacheManager:
     def _num_evictable(self, req: Request, hits: list[int]) -> int:
         """How many of ``hits`` sit in the free queue (pool.num_free_among), memoised."""
         memo = self._evictable_memo
-        version = self.pool.free_version
-        if memo is not None and memo[0] is hits and memo[1] == version:
+        pool = self.pool
+        version = pool.free_version
+        if memo is not None and memo[0] is hits and (memo[1] == version or (
+                memo[3] and not pool.watch_free_change and not pool.watch_hit
+                and self._memo is not None and self._memo[3] is hits)):
             return memo[2]
-        n = self.pool.num_free_among(hits, self._hit_runs(req, hits))
-        self._evictable_memo = (hits, version, n)
+        n = pool.num_free_among(hits, self._hit_runs(req, hits))
+        # The last lookup's hits (a blocked queue head's, asked at every step): the pool watches
+        # their groups, so the count holds until a hit, a free or an eviction touches one of them.
+        watched = self._memo is not None and self._memo[3] is hits
+        if watched:
+            pool.watch_free_change = False
+        self._evictable_memo = (hits, version, n, watched)
         return n
 
     def _hit_runs(self, req: Request, hits: list[int]) -> list[range]:

@@ -22,7 +22,7 @@ class PerBlockPool:
     """One free-queue entry per block and one prefix-cache map entry per key (cached, dups)."""
 
     __slots__ = ("num_gpu_blocks", "block_size", "extra_refs", "cached", "dups", "free_queue", "num_evictions",
-                 "uncached_first", "version", "watched", "watch_hit", "free_version")
+                 "uncached_first", "version", "watched", "watch_hit", "watch_free_change", "free_version")
 
     @property
     def num_free(self) -> int:
@@ -43,6 +43,7 @@ class PerBlockPool:
         self.watched: set[int] | None = None
         self.watch_hit = False
         self.free_version = 0  # as BlockPool: changes to which blocks are free
+        self.watch_free_change = False  # as BlockPool: a hit or free touched a watched group
 
     def get_num_free_blocks(self) -> int:
         return len(self.free_queue)
@@ -124,11 +125,18 @@ class PerBlockPool:
         fq = self.free_queue
         extra = self.extra_refs
         self.free_version += 1
+        self._note_free_change(runs)
         for b in blocks:
             if b in fq:
                 del fq[b]
             else:
                 extra[b] = extra.get(b, 0) + 1
+
+    def _note_free_change(self, runs: list[range] | None) -> None:
+        """As BlockPool: a hit or a free under the keys of ``runs`` (None: unknown keys)."""
+        if self.watched is not None and (runs is None or not self.watched.isdisjoint(
+                key_group(key) for rng in runs for key in rng)):
+            self.watch_free_change = True
 
     def num_free_among(self, blocks: list[int], runs: list[range] | None = None) -> int:
         """How many of ``blocks`` sit in the free queue (hits that would consume free capacity)."""
@@ -141,6 +149,7 @@ class PerBlockPool:
         without a hash to the head (reused first, in the given order), cached ones to the tail."""
         keys = [key for rng in runs for key in rng]
         self.free_version += 1
+        self._note_free_change(runs)
         fq = self.free_queue
         uncached = blocks_in_eviction_order[:num_uncached]
         for b in reversed(uncached) if self.uncached_first else uncached:  # never shared

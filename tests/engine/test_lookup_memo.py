@@ -2,7 +2,8 @@
 
 A queue head that cannot be admitted is looked up at every step; the engine answers from a memo
 until a key in one of the key groups (trace ids) its walk read is registered or evicted
-(BlockPool.watched). Here random admissions, decodes, frees and evictions run on a tiny pool while
+(BlockPool.watched), and counts how many of its hits are free until a hit or a free touches one of
+those groups (BlockPool.watch_free_change). Here random admissions, decodes, frees and evictions run on a tiny pool while
 one head is asked again and again, and every answer must equal a fresh walk of the map; hand-checked
 cases pin the eviction of a watched key and a change elsewhere that keeps the memo.
 """
@@ -85,6 +86,10 @@ def test_memoised_lookups_equal_fresh_walks(seed: int, drop_last_hit: bool) -> N
             from_watch += kv._memo is before and version_changed
             assert hits == _fresh_walk(kv, head), f"step {step}: stale lookup"
             assert tokens == len(hits) * BS
+            # how many of the hits are free (the admission gate's count), memoised while watched
+            free_hits = kv.pool.num_free_among(hits, head.keys.key_runs(0, len(hits), BS))
+            assert kv.num_blocks_to_admit(head, hits, head.num_tokens) == (
+                -(-head.num_tokens // BS) - len(hits) + free_hits), f"step {step}: stale free count"
     assert 0 < answered_from_memo < asked and from_watch > 0  # every path was exercised
 
 
