@@ -64,6 +64,8 @@ class EngineCore:
         # the fleet says who to tell (on_finished) and which finishes concern nobody else.
         self.on_finished: Callable[[Request, float, EngineCore], None] | None = None
         self.finish_is_quiet: Callable[[Request], bool] | None = None
+        # Who hears of first tokens (routers that count a request as prefill load until then).
+        self.on_first_token: Callable[[Request], None] | None = None
         self.wake_ms = math.inf  # time of this replica's live entry in the fleet's event heap
         self.version = 0  # bumps when that entry is superseded (older heap entries are then ignored)
 
@@ -185,6 +187,13 @@ class EngineCore:
         chunk_reqs: list[Request] = []
         chunk_tokens: list[int] = []
         drafts, accepted = sched.update_from_output(out, end, finished, chunk_reqs, chunk_tokens)
+        firsts = sched.first_token_reqs
+        if firsts:
+            sched.first_token_reqs = []
+            on_first_token = self.on_first_token
+            if on_first_token is not None:
+                for r in firsts:
+                    on_first_token(r)
         emits = self.emits_tokens
         if chunk_reqs and emits:
             rec.emit_chunks(chunk_reqs, self.step_idx, self.replica, chunk_tokens)

@@ -107,6 +107,8 @@ class FleetLoop(ReplicaBounds):
             for core in cores:
                 core.on_finished = self._on_finished
                 core.finish_is_quiet = quiet
+        self.first_token_routers: list[Router] = []  # routers told of every first token
+        self.hear_first_tokens(router)
         # Leading ids another request could hit, per row: counted within each replica's own rows
         # when the routing is known in advance (engine/trace_input.shared_lead_within).
         self._shared_lead = trace.shared_lead
@@ -201,6 +203,17 @@ class FleetLoop(ReplicaBounds):
         if self.control is not None:
             self.control.request_finished(core, end_ms)
 
+    def hear_first_tokens(self, router: Router | None) -> None:
+        """Tell ``router`` of every first token on any replica, if it asks to be told."""
+        if router is not None and router.hears_first_tokens:
+            self.first_token_routers.append(router)
+            for core in self.cores:
+                core.on_first_token = self._on_first_token
+
+    def _on_first_token(self, r: Request) -> None:
+        for router in self.first_token_routers:
+            router.request_first_token(r)
+
     # -- replicas joining and leaving (engine/fleet_scaling.py) -------------------------------------
     def wake_control_at(self, time_ms: float) -> None:
         """The controller acts at ``time_ms`` (after step completions, with closed-loop arrivals)."""
@@ -220,6 +233,8 @@ class FleetLoop(ReplicaBounds):
         if not self.plan.concurrency:
             core.on_finished = self._on_finished
             core.finish_is_quiet = self._finish_quiet
+        if self.first_token_routers:
+            core.on_first_token = self._on_first_token
         insort(self.live_views, view, key=lambda v: v.replica)
         if self.router is not None:
             self.router.replica_started(rid)

@@ -60,6 +60,7 @@ class PDFleetLoop(FleetLoop):
                          hash_lookahead=hash_lookahead, rejected=rejected, router_latency_ms=router_latency_ms,
                          progress=progress)
         self.prefill_router = prefill_router
+        self.hear_first_tokens(prefill_router)
         # The replicas each pool's router may choose from, known by their number within the pool.
         self.prefill_views = self.views[:self.num_prefill if live_prefill is None else live_prefill]
         self.decode_views = [ReplicaView(c, replica=i) for i, c in
@@ -196,6 +197,8 @@ class PDFleetLoop(FleetLoop):
         if not self.plan.concurrency:
             core.on_finished = self._on_finished
             core.finish_is_quiet = self._finish_quiet
+        if self.first_token_routers:
+            core.on_first_token = self._on_first_token
         d = slot - self.num_prefill
         if d < 0:
             core.emits_tokens = False

@@ -72,6 +72,7 @@ class Scheduler(WaitingAdmission):
         # Disaggregated fleets (engine/pd_fleet.py): prefill replicas keep the finished requests
         # whose blocks wait for a decode replica's read; decode replicas start reads through this.
         self.held_requests: dict[int, Request] = {}  # trace row -> finished request, blocks held
+        self.first_token_reqs: list[Request] = []  # first tokens of the step being applied (core hands them on)
         self.start_remote_load: Callable[[Request, int, float], None] | None = None
 
     # ------------------------------------------------------------------ queues
@@ -259,6 +260,7 @@ class Scheduler(WaitingAdmission):
             r.num_output_tokens += emitted
             if r.first_token_ms < 0:
                 r.first_token_ms = end_ms
+                self.first_token_reqs.append(r)
             chunk_reqs.append(r)
             chunk_tokens.append(emitted)
             if k:
@@ -288,6 +290,7 @@ class Scheduler(WaitingAdmission):
             r.num_output_tokens += 1
             if r.first_token_ms < 0:
                 r.first_token_ms = end_ms
+                self.first_token_reqs.append(r)
             chunk_reqs.append(r)
             if length_reached(r, max_model_len):
                 r.status = RequestStatus.FINISHED

@@ -46,6 +46,7 @@ class RouterContext:
 class Router:
     name: ClassVar[str] = ""
     reads_replica_state: ClassVar[bool] = False  # True: the choice depends on replica state at arrival
+    hears_first_tokens: ClassVar[bool] = False  # True: request_first_token is called (it costs a call each)
 
     def __init__(self, ctx: RouterContext, options) -> None:
         self.ctx = ctx
@@ -64,6 +65,10 @@ class Router:
 
     def request_finished(self, req: Request, replica: int) -> None:
         """The request left replica ``replica`` (an id; routers that track their own load forget it)."""
+
+    def request_first_token(self, req: Request) -> None:
+        """``req`` (a request this router routed, or one with the same trace row) produced its first
+        token, wherever it ran; called only when ``hears_first_tokens`` (Dynamo: mark_prefill_completed)."""
 
     def replica_started(self, replica: int) -> None:
         """A new replica joined under id ``replica`` (an autoscaled fleet reuses a retired replica's

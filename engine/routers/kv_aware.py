@@ -12,7 +12,9 @@ Per worker w, with the request's prompt of ``isl`` tokens in blocks of the KV bl
 The lowest cost wins (ties: seeded uniform draw, as Dynamo draws among equal minima); with
 ``router_temperature`` > 0 the costs are scaled to [0, 1] by (max - min), negated, divided by the
 temperature and sampled through a softmax. A request counts as prefilling until its first token
-and as active until it finishes (Dynamo: mark_prefill_completed, free).
+and as active until it finishes (Dynamo: mark_prefill_completed, free): the fleet tells the router of
+each first token (Router.request_first_token), so the prefill load is settled once per request, not
+looked for at every arrival.
 
 ``kv_events: true``: the overlap is read from the replica's real prefix cache at the arrival
 instant (what KV events give Dynamo), ReplicaView.prefix_hit_blocks. ``kv_events: false``
@@ -133,9 +135,20 @@ class ApproxIndex:
                     del expiry[key]
 
 
+class PrefillLoad:
+    """A routed request's uncached prompt tokens, counted on its worker until its first token."""
+
+    __slots__ = ("replica", "tokens")
+
+    def __init__(self, replica: int, tokens: int) -> None:
+        self.replica = replica
+        self.tokens = tokens
+
+
 class KvAwareRouter(Router):
     name = "kv_aware"
     reads_replica_state = True
+    hears_first_tokens = True
 
     def __init__(self, ctx: RouterContext, options) -> None:
         super().__init__(ctx, options)
@@ -143,8 +156,8 @@ class KvAwareRouter(Router):
         self.temperature = options.router_temperature
         self.kv_events = options.kv_events
         self.active = [ActiveBlocks() for _ in range(self.n)]  # prompt blocks of the active requests
-        self.prefill_tokens = [0] * self.n
-        self.prefilling: list[list[tuple[Request, int]]] = [[] for _ in range(self.n)]
+        self.prefill_tokens = [0] * self.n  # per worker: the sum of its requests' PrefillLoad tokens
+        self.prefilling: dict[int, PrefillLoad] = {}  # trace row -> load, until its first token
         self.tier_weights = options.tier_weights
         self.approx = (None if self.kv_events else
                        [ApproxIndex(options.ttl_s * 1000.0, options.max_tree_blocks) for _ in range(self.n)])
@@ -168,17 +181,14 @@ class KvAwareRouter(Router):
         index.prune(now_ms)
         return sum(1 for _ in takewhile(index.expiry.__contains__, keys))
 
-    def _settle_prefills(self, w: int) -> None:
-        """Requests that have produced their first token no longer count as prefill load."""
-        pending = self.prefilling[w]
-        if pending and any(r.first_token_ms >= 0 or r.finish_ms >= 0 for r, _ in pending):
-            keep = []
-            for r, tokens in pending:
-                if r.first_token_ms >= 0 or r.finish_ms >= 0:
-                    self.prefill_tokens[w] -= tokens
-                else:
-                    keep.append((r, tokens))
-            self.prefilling[w] = keep
+    def _settle_prefill(self, req: Request) -> None:
+        """``req`` no longer counts as prefill load (it produced its first token, or left)."""
+        load = self.prefilling.pop(req.idx, None)
+        if load is not None:
+            self.prefill_tokens[load.replica] -= load.tokens
+
+    def request_first_token(self, req: Request) -> None:
+        self._settle_prefill(req)
 
     def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
         bs = self.ctx.block_size
@@ -192,7 +202,6 @@ class KvAwareRouter(Router):
         new_tokens: list[int] = []
         for pos, view in enumerate(replicas):
             w = view.replica
-            self._settle_prefills(w)
             overlap = self._overlap(pos, replicas, keys, runs, now_ms)
             new = isl - overlap * bs
             if self.tier_weights:  # Dynamo's overlap credit for hits in host and disk tiers
@@ -208,7 +217,7 @@ class KvAwareRouter(Router):
         w = replicas[pos].replica
         self.active[w].add(prompt_runs)
         self.prefill_tokens[w] += new_tokens[pos]
-        self.prefilling[w].append((req, new_tokens[pos]))
+        self.prefilling[req.idx] = PrefillLoad(w, new_tokens[pos])
         if self.approx is not None:
             self.approx[w].insert(keys, now_ms)
         return pos
@@ -230,12 +239,12 @@ class KvAwareRouter(Router):
 
     def request_finished(self, req: Request, replica: int) -> None:
         self.active[replica].remove(self._prompt_runs(req))
-        self._settle_prefills(replica)
+        self._settle_prefill(req)
 
     def replica_started(self, replica: int) -> None:
         self.active[replica] = ActiveBlocks()
         self.prefill_tokens[replica] = 0
-        self.prefilling[replica] = []
+        self.prefilling = {idx: load for idx, load in self.prefilling.items() if load.replica != replica}
         if self.approx is not None:
             old = self.approx[replica]
             self.approx[replica] = ApproxIndex(old.ttl_ms, old.max_blocks)

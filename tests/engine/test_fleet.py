@@ -332,3 +332,38 @@ def test_shared_lead_within_counts_only_rows_of_the_same_group():
     offsets = np.array([0, 2, 5, 7, 8])
     assert shared_lead_within(flat, offsets, np.array([0, 1, 0, -1])).tolist() == [1, 0, 1, 0]
     assert shared_lead_within(flat, offsets, np.array([0, 0, 0, 0])).tolist() == [2, 2, 1, 0]
+
+
+@pytest.mark.parametrize("fleet", [
+    {"replicas": 3, "router": "kv_aware"},
+    {"mode": "disaggregated", "prefill": {"replicas": 2}, "decode": {"replicas": 2},
+     "router": "kv_aware", "prefill_router": "kv_aware", "local_prefill_max_tokens": 64},
+], ids=["aggregated", "disaggregated"])
+def test_kv_aware_counts_prefill_load_until_the_first_token(tmp_path, monkeypatch, fleet):
+    """At every arrival kv_aware's prefill load is exactly the uncached tokens of the requests it
+    routed that have no first token yet (the fleet tells it of each first token, on either pool),
+    and nothing is left counted when the replay ends."""
+    from replay.engine.routers.kv_aware import KvAwareRouter
+
+    routed: dict[tuple[int, int], object] = {}
+    routers: list[KvAwareRouter] = []
+    route = KvAwareRouter.route
+
+    def checked_route(self, req, replicas, now_ms):
+        if self not in routers:
+            routers.append(self)
+        totals = [0] * self.n
+        for idx, load in self.prefilling.items():
+            assert routed[id(self), idx].first_token_ms < 0  # settled as soon as its first token is out
+            totals[load.replica] += load.tokens
+        assert totals == self.prefill_tokens
+        pending = [r for (rid, _), r in routed.items() if rid == id(self) and r.first_token_ms < 0]
+        assert {r.idx for r in pending} == set(self.prefilling)
+        routed[id(self), req.idx] = req
+        return route(self, req, replicas, now_ms)
+
+    monkeypatch.setattr(KvAwareRouter, "route", checked_route)
+    table, meta = make_trace(_rows(200, 5, sessions=True))
+    _run(table, meta, {"fleet": fleet}, tmp_path / "out", 60)
+    assert len(routers) == (2 if "prefill" in fleet else 1)
+    assert all(not r.prefilling and not any(r.prefill_tokens) for r in routers)

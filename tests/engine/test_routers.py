@@ -207,8 +207,10 @@ def test_kv_aware_forgets_finished_requests_and_settles_prefills():
     w = r.route(a, reps, 0.0)
     assert r.prefill_tokens[w] == 48
     a.first_token_ms = 5.0
-    r._settle_prefills(w)
+    r.request_first_token(a)  # the fleet's word that a's first token is out
     assert r.prefill_tokens[w] == 0 and r.active[w].num_blocks == 3
+    r.request_first_token(a)  # told twice (P/D: the prefill and the decode request share a row): once
+    assert r.prefill_tokens[w] == 0
     r.request_finished(a, w)
     assert r.active[w].num_blocks == 0 and not r.active[w].lengths
 
