@@ -37,6 +37,7 @@ ROUTER_SETTINGS = {"kv_aware_approx": ["fleet.router=kv_aware", "fleet.router_op
 
 
 def replay_run(trace: Path, outdir: Path, config: Path, sets: list[str]) -> dict:
+    """One quiet `replay run` process: its wall and CPU seconds (user + system), peak RSS and run.json."""
     cmd = [sys.executable, "-c", "from replay.cli import app; app()", "run", str(trace), "-c", str(config),
            "-o", str(outdir), "-q"]
     for s in sets:
@@ -49,7 +50,8 @@ def replay_run(trace: Path, outdir: Path, config: Path, sets: list[str]) -> dict
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"replay run failed: {' '.join(cmd)}\n{err[-2000:]}")
     info = json.loads((outdir / "run.json").read_text())
-    return {"wall_s": round(wall, 2), "peak_rss_mib": round(rusage.ru_maxrss / 1024, 1), "info": info}
+    return {"wall_s": round(wall, 2), "cpu_s": round(rusage.ru_utime + rusage.ru_stime, 2),
+            "peak_rss_mib": round(rusage.ru_maxrss / 1024, 1), "info": info}
 
 
 def _latency(outdir: Path) -> dict:

@@ -18,40 +18,20 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from bench.bench_fleet import CONFIGS, MOONCAKE, RESULTS  # noqa: E402
+from bench.bench_fleet import CONFIGS, MOONCAKE, RESULTS, replay_run  # noqa: E402
 
 TIERS = ("kv_cache.tiers=[{name: ssd, medium: disk, store: on_evict, size_gb: 2000, read_gb_per_s: 6, "
          "write_gb_per_s: 3, latency_ms: 0.1, replicas_per_node: 8}, {name: pool, medium: remote, "
          "scope: cluster, size_gb: 20000, read_gb_per_s: 25, write_gb_per_s: 25, pool_read_gb_per_s: 200, "
          "pool_write_gb_per_s: 200, latency_ms: 1.0}]")
 HOST = "host_offload.size_gib=200"
-
-
-def replay_run(trace: Path, outdir: Path, config: Path, sets: list[str]) -> dict:
-    """One quiet `replay run` process: its wall and CPU seconds, peak RSS and run.json."""
-    cmd = [sys.executable, "-c", "from replay.cli import app; app()", "run", str(trace), "-c", str(config),
-           "-o", str(outdir), "-q"]
-    for s in sets:
-        cmd += ["--set", s]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    err = proc.stderr.read() if proc.stderr is not None else ""
-    _, status, rusage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"replay run failed: {' '.join(cmd)}\n{err[-2000:]}")
-    return {"wall_s": round(wall, 2), "cpu_s": round(rusage.ru_utime + rusage.ru_stime, 2),
-            "peak_rss_mib": round(rusage.ru_maxrss / 1024, 1),
-            "info": json.loads((outdir / "run.json").read_text())}
 
 
 def main() -> None:
