@@ -43,7 +43,8 @@ def replay_run(trace: Path, outdir: Path, config: Path, sets: list[str]) -> dict
     for s in sets:
         cmd += ["--set", s]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # stdout is not read: a pipe nobody drains could fill and stall the child while stderr is read
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     err = proc.stderr.read()  # small: the run is quiet
     _, status, rusage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0

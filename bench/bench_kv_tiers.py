@@ -35,6 +35,11 @@ TIERS = ("kv_cache.tiers=[{name: ssd, medium: disk, store: on_evict, size_gb: 20
 HOST = "host_offload.size_gib=200"
 
 
+def _ratios(base: list[float], other: list[float]) -> list[float]:
+    """other / base, repetition by repetition."""
+    return [b / a for a, b in zip(base, other, strict=True)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replicas", type=int, default=8)
@@ -56,9 +61,9 @@ def main() -> None:
                 t = res["info"]["totals"]
                 facts[name] = {"steps": t["steps"], "prefix_hit_tokens": t["prefix_hit_tokens"],
                                "cpu_hit_tokens": t["cpu_hit_tokens"], "peak_rss_mib": res["peak_rss_mib"]}
-    ratios = [b / a for a, b in zip(cpus["no tiers"], cpus["three tiers"], strict=True)]
-    over_g2 = [b / a for a, b in zip(cpus["G2 alone"], cpus["three tiers"], strict=True)]
-    wall_ratios = [b / a for a, b in zip(walls["no tiers"], walls["three tiers"], strict=True)]
+    ratios = _ratios(cpus["no tiers"], cpus["three tiers"])
+    over_g2 = _ratios(cpus["G2 alone"], cpus["three tiers"])
+    wall_ratios = _ratios(walls["no tiers"], walls["three tiers"])
     result = {"replicas": args.replicas, "max_requests": args.max_requests, "walls_s": walls, "cpu_s": cpus,
               "ratio_median": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios],
               "wall_ratio_median": round(statistics.median(wall_ratios), 3),

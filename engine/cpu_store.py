@@ -1,6 +1,7 @@
 """The G2 tier's CPU block store: vLLM's LRUOffloadingManager (v1/kv_offload/lru_manager.py).
 
-Semantics (identical in both classes here):
+Semantics (identical in ``RunLRUStore`` here and the per-key ``KeyLRUStore`` of
+engine/key_lru_store.py):
 - ``store(runs, batch, ...)``: vLLM's prepare_store + touch. Keys already held are not stored again.
   If the new keys do not fit, the least recently used keys are evicted, never one still being
   written (its batch not complete), pinned by a load in flight, or named by this call; if there are
@@ -19,13 +20,13 @@ rather than per offload block (a Mooncake trace block of 512 tokens is 32 blocks
 reference workload's 2 M-block pool holds about 65,000 runs. Generated tokens are stored one block
 per step, so on decode-heavy traffic runs are shorter, at worst one block each, where a run (a
 Python object in a linked list) costs more than a per-key OrderedDict entry.
-``KeyLRUStore`` is the plain per-key version: the reference the run store is tested against.
+``KeyLRUStore`` (engine/key_lru_store.py) is the plain per-key version: the reference the run store
+is tested against.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from collections import OrderedDict
 from itertools import repeat
 from operator import attrgetter, itemgetter
 
@@ -54,73 +55,6 @@ def runs_slice(runs: list[range], i0: int, i1: int) -> list[range]:
         if pos >= i1:
             break
     return out
-
-
-class KeyLRUStore:
-    """One OrderedDict entry per key (key -> batch id of the copy that wrote it)."""
-
-    def __init__(self, block_size: int) -> None:  # the block size matters to the run store only
-        self.lru: OrderedDict[int, int] = OrderedDict()
-        self.pins: dict[int, int] = {}
-
-    def __len__(self) -> int:
-        return len(self.lru)
-
-    def lru_items(self) -> list[tuple[int, int]]:
-        return list(self.lru.items())
-
-    def store(self, runs: list[range], batch: int, capacity: int, ready_below: int) -> tuple[int, int | None]:
-        lru = self.lru
-        keys = [k for run in runs for k in run]
-        new = [k for k in keys if k not in lru]
-        need = len(new) - (capacity - len(lru))
-        victims: list[int] = []
-        if need > 0:
-            protected = set(keys)
-            for key, b in lru.items():
-                if b < ready_below and key not in self.pins and key not in protected:
-                    victims.append(key)
-                    if len(victims) == need:
-                        break
-            else:
-                return len(new), None
-            for key in victims:
-                del lru[key]
-        for key in reversed(keys):
-            if key in lru:
-                lru.move_to_end(key)
-            else:
-                lru[key] = batch
-        return len(new), len(victims)
-
-    def touch(self, runs: list[range], groups: list[int] | None = None) -> None:
-        lru = self.lru
-        for key in [k for run in reversed(runs) for k in reversed(run)]:
-            if key in lru:
-                lru.move_to_end(key)
-
-    def count_ready(self, runs: list[range], start: int, ready_below: int) -> int:
-        hits = 0
-        for key in [k for run in runs for k in run][start:]:
-            b = self.lru.get(key)
-            if b is None or b >= ready_below:
-                break
-            hits += 1
-        return hits
-
-    def pin(self, runs: list[range]) -> None:
-        for run in runs:
-            for key in run:
-                self.pins[key] = self.pins.get(key, 0) + 1
-
-    def unpin(self, runs: list[range]) -> None:
-        for run in runs:
-            for key in run:
-                c = self.pins[key] - 1
-                if c:
-                    self.pins[key] = c
-                else:
-                    del self.pins[key]
 
 
 class _Seg:

@@ -30,6 +30,7 @@ NATIVE_MODULES = (
     "replay.engine.schedule_waiting",
     "replay.engine.scheduler",
     "replay.engine.decode_window",
+    "replay.engine.key_lru_store",
     "replay.engine.cpu_store",
     "replay.engine.offload",
     "replay.engine.row_runs",

@@ -28,7 +28,8 @@ from operator import itemgetter
 from replay.base.errors import ConfigError
 from replay.engine.block_keys import key_group
 from replay.engine.config import HostOffloadConfig
-from replay.engine.cpu_store import KeyLRUStore, RunLRUStore, runs_len, runs_slice
+from replay.engine.cpu_store import RunLRUStore, runs_len, runs_slice
+from replay.engine.key_lru_store import KeyLRUStore
 from replay.engine.kv_cache_manager import KVCacheManager
 from replay.engine.kv_tiers import TierChain
 from replay.engine.request import Request

@@ -12,7 +12,8 @@ import random
 import pytest
 
 from replay.engine.block_keys import BlockKeys, key_group
-from replay.engine.cpu_store import KeyLRUStore, RunLRUStore, runs_len, runs_slice
+from replay.engine.cpu_store import RunLRUStore, runs_len, runs_slice
+from replay.engine.key_lru_store import KeyLRUStore
 
 
 def test_key_runs_flatten_to_block_keys_and_stay_in_one_group():

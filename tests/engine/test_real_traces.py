@@ -75,7 +75,7 @@ def test_run_store_and_private_blocks_change_nothing(tmp_path, mooncake_trace, m
     # and deferred registration of private blocks against registering every full block at once
     # (generated tokens included).
     from replay.engine.config import load_config
-    from replay.engine.cpu_store import KeyLRUStore
+    from replay.engine.key_lru_store import KeyLRUStore
     from replay.engine.kv_cache_manager import KVCacheManager
     from replay.engine.offload import OffloadManager
     from replay.engine.run_setup import resolve_setup
@@ -122,7 +122,7 @@ def _unchained_rows(rng, n: int) -> list[dict]:
 def test_unchained_ids_are_chained_and_fast_paths_match(tmp_path, monkeypatch, block_size, host):
     # Ids that are per-block content hashes (not chained) are chained at load, as vLLM chains block
     # hashes; then the fast paths match their references byte for byte, preemptions included.
-    from replay.engine.cpu_store import KeyLRUStore
+    from replay.engine.key_lru_store import KeyLRUStore
     from replay.engine.kv_cache_manager import KVCacheManager
     from replay.engine.offload import OffloadManager
     from tests.engine_helpers import make_trace
