@@ -40,7 +40,7 @@ class PoolInvariantError(Exception):
     """A --check invariant of the pool failed (an engine bug, never bad input)."""
 
 
-def _require(ok: bool, message: str) -> None:
+def require_invariant(ok: bool, message: str) -> None:
     """An invariant check that, unlike ``assert``, survives ``python -O``."""
     if not ok:
         raise PoolInvariantError(message)
@@ -175,7 +175,7 @@ class BlockPool:
                 while stop < end and len(taken) < need:
                     b = blocks[stop]
                     entry_key = keys[stop]
-                    if self._is_free_in_run(cast(int, b), cast(int, entry_key), rid):
+                    if self.is_free_in_run(cast(int, b), cast(int, entry_key), rid):
                         taken.append(b)
                         taken_keys.append(entry_key)
                     else:
@@ -203,7 +203,7 @@ class BlockPool:
                     hash_map.pop_all(cast("list[int]", taken_keys))
         return [first] if n == 1 else list(range(first, first + n))
 
-    def _is_free_in_run(self, b: int, key: int, rid: int) -> bool:
+    def is_free_in_run(self, b: int, key: int, rid: int) -> bool:
         """Whether entry (``b``, ``key``) of registered run ``rid`` is still free there (no hit took
         it out since; a block freed again belongs to its newer run)."""
         if key >= 0:
@@ -283,7 +283,7 @@ class BlockPool:
 
     def _hold_slots(self, table: SlotTable, i: int, blocks: list[int], j: int, m: int) -> None:
         """One more reference on slots i..i+m-1 of ``table``, which hold ``blocks[j:j+m]``."""
-        _require(table.blocks[i:i + m] == blocks[j:j + m], "prefix hits are not the table's blocks")
+        require_invariant(table.blocks[i:i + m] == blocks[j:j + m], "prefix hits are not the table's blocks")
         refs = table.ref_counts
         zeros = count_equal(refs, i, i + m, 0)
         if zeros:
@@ -400,78 +400,6 @@ class BlockPool:
                     self.watch_hit = True
                     break
         self.cached_block_hash_to_block.insert_all(blocks, runs)
-
-    def check_invariants(self, in_use_keys: dict[int, int | None], holders: dict[int, int]) -> None:
-        """Debug mode: counts, references and keys agree (O(pool), never on the hot path).
-
-        ``in_use_keys`` maps each in-use block to the key its holders know it by (None when it is
-        not registered); ``holders`` counts the block tables holding each in-use block.
-        """
-        usable = self.num_gpu_blocks - 1
-        queue = self.free_block_queue
-        off_table = queue.run_id_of_block
-        hash_map = self.cached_block_hash_to_block
-        free = 0
-        free_keys: dict[int, int] = {}
-        for rid, run in queue.runs.items():
-            if isinstance(run, AnonymousRun):
-                _require(run.count > 0, f"empty run {rid}")
-                free += run.count
-                continue
-            head = run.head
-            blocks = cast("list[int]", run.blocks)[head:]
-            keys = cast("list[int]", run.keys)[head:]
-            live = [(b, k) for b, k in zip(blocks, keys) if self._is_free_in_run(b, k, rid)]
-            _require(len(live) == run.num_live(), f"run {rid}: stale count {run.num_stale} is off")
-            _require(sum(1 for b, _ in live if off_table.get(b) == rid) <= run.num_off_table,
-                     f"run {rid}: more blocks recorded off the tables than its count {run.num_off_table}")
-            free += len(live)
-            free_keys.update(live)
-        in_slots = sum(len(t.free_run_ids) - t.free_run_ids.count(0) for t in hash_map.tables.values())
-        _require(len(free_keys) == len(off_table) + in_slots,
-                 "run_id_of_block, the slots' run ids and the runs disagree")
-        _require(free == self.num_free, f"{free} free blocks counted, {self.num_free} recorded")
-        _require(self.num_free + len(holders) == usable, (
-            f"{self.num_free} free + {len(holders)} in use != {usable} usable blocks"))
-        slot_refs: dict[int, int] = {}  # a table's block -> its slot's reference count
-        for tid, table in hash_map.tables.items():
-            tblocks = table.blocks
-            refs = table.ref_counts
-            run_ids = table.free_run_ids
-            _require(len(refs) == len(tblocks) == len(run_ids), f"table {tid}: {len(refs)} counts and "
-                     f"{len(run_ids)} run ids for {len(tblocks)} slots")
-            _require(table.num_filled == len(tblocks) - tblocks.count(0),
-                     f"table {tid}: {table.num_filled} slots counted as filled")
-            for i in range(len(tblocks)):
-                b = tblocks[i]
-                if b:
-                    _require((refs[i] == 0) == (run_ids[i] != 0), f"block {b}: count {refs[i]} but run id "
-                             f"{run_ids[i]}")
-                    _require(b not in off_table, f"block {b}: in a slot and in run_id_of_block")
-                    slot_refs[b] = refs[i]
-                else:
-                    _require(refs[i] == 0 and run_ids[i] == 0, f"table {tid}: an empty slot counts {refs[i]} "
-                             f"references, run id {run_ids[i]}")
-        for b, held in holders.items():
-            _require(b not in off_table and b not in free_keys, f"block {b} is held and free")
-            ref_cnt = slot_refs[b] if b in slot_refs else 1 + self.extra_refs.get(b, 0)
-            _require(held == ref_cnt, f"block {b}: held {held} times, ref_cnt {ref_cnt}")
-        for extra_b in self.extra_refs:
-            _require(extra_b in holders, f"block {extra_b}: extra refs on a block nobody holds")
-            _require(extra_b not in slot_refs, f"block {extra_b}: counted in a table and outside it")
-
-        def key_of(b: int) -> int | None:
-            return free_keys[b] if b in free_keys else in_use_keys.get(b)
-
-        for key, b in self.cached_items():
-            _require(key_of(b) == key, f"cached key of block {b} mismatches")
-        for key, copies in hash_map.further_copies.items():
-            _require(self.is_cached(key), "duplicate copy without a primary")
-            for b in copies:
-                _require(key_of(b) == key, f"block {b}: duplicate copy under the wrong key")
-        n_keys = self.num_cached_keys() + sum(len(c) for c in hash_map.further_copies.values())
-        n_keyed = len(free_keys) + sum(1 for b, k in in_use_keys.items() if k is not None)
-        _require(n_keys == n_keyed, f"{n_keys} cached copies but {n_keyed} keyed blocks")
 
 
 def any_in_groups(keys: list[int], groups: set[int]) -> bool:

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from replay.engine.strict_model import StrictModel
 
 # The name the host_offload section takes as the chain's first tier.
 HOST_OFFLOAD_TIER_NAME = "host"
 
 
-class KVTierConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
-
+class KVTierConfig(StrictModel):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")  # also names the requests column <name>_hit_tokens
     medium: Literal["host", "disk", "remote"]
     scope: Literal["replica", "cluster"] = "replica"  # cluster: one pool every replica of the fleet shares

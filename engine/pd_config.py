@@ -1,6 +1,6 @@
 """Config of a disaggregated fleet: the prefill and decode pools and the KV transfer between them.
 
-Kept apart from engine/config.py (which only adds the keys to ``fleet``) so the P/D keys read as one
+Kept apart from engine/fleet_config.py (which only adds the keys to ``fleet``) so the P/D keys read as one
 piece; docs/disagg.md documents every key and its source. The pools' engine overrides are merged
 into the surrounding engine config by ``EngineConfig.pool_config``; only the keys named here may
 differ between pools (the model may not: a prefill pool's KV must be the decode pool's KV).
@@ -11,19 +11,16 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from replay.engine.scaling_config import AutoscaleConfig, check_initial_replicas
+from replay.engine.strict_model import StrictModel
 
 # Engine sections a pool may override (the rest of the config is shared by both pools).
 POOL_OVERRIDE_KEYS = ("hardware", "tensor_parallel_size", "scheduler", "kv_cache", "host_offload", "speculative")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
-
-
-class PoolConfig(_Strict):
+class PoolConfig(StrictModel):
     """One pool: how many replicas, and the engine keys it sets differently from the shared config
     (null: as shared). Sections (scheduler, kv_cache, ...) are merged key by key into the shared
     ones; ``host_offload: false`` or ``speculative: false`` turns that feature off for this pool."""
@@ -77,7 +74,7 @@ class PoolConfig(_Strict):
         return out
 
 
-class KVTransferConfig(_Strict):
+class KVTransferConfig(StrictModel):
     """The prefill -> decode KV transfer (vLLM's NixlConnector reads). Defaults: one 400 Gb/s NIC
     per replica (NVIDIA ConnectX-7, 50 GB/s of payload at line rate), no fixed latency."""
 

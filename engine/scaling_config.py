@@ -1,6 +1,6 @@
 """Config of a fleet that changes over the replay: ``fleet.autoscale`` and ``fleet.admission``.
 
-Kept apart from engine/config.py (which only names these models in ``FleetConfig``) so that the
+Kept apart from engine/fleet_config.py (which only names these models in ``FleetConfig``) so that the
 autoscaler and admission control own their keys; docs/autoscale.md documents each key, its default
 and where the default comes from (Kubernetes' HorizontalPodAutoscaler, Dynamo's SLA Planner).
 """
@@ -9,13 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-
-class _ScalingModel(BaseModel):
-    # The same rules as engine/config.py's models: unknown keys refused, strict types, finite floats.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
-
+from replay.engine.strict_model import StrictModel
 
 # Defaults of ``target`` per policy (docs/autoscale.md): waiting requests per live replica, and vLLM's
 # kv_cache_usage averaged over the live replicas; the SLO policy sizes to what one replica sustains
@@ -23,7 +19,7 @@ class _ScalingModel(BaseModel):
 DEFAULT_TARGET = {"queue": 4.0, "kv_usage": 0.7, "slo": 1.0}
 
 
-class AutoscaleConfig(_ScalingModel):
+class AutoscaleConfig(StrictModel):
     """``fleet.autoscale``: replicas follow the load between ``min_replicas`` and ``max_replicas``."""
 
     min_replicas: int = Field(1, ge=1, le=4096)  # no scale to zero: an arrival always finds a replica
@@ -63,7 +59,7 @@ class AutoscaleConfig(_ScalingModel):
         return 2 * self.max_replicas
 
 
-class AdmissionConfig(_ScalingModel):
+class AdmissionConfig(StrictModel):
     """``fleet.admission``: refuse a request at arrival (status ``rejected``, ``reject_reason`` says why)."""
 
     max_waiting_per_replica: int | None = Field(None, ge=0)  # refuse when every live replica has this many waiting

@@ -12,7 +12,7 @@ imports nothing of the engine but this module, engine/request.py (the ``Request`
 keys, lengths, session, timestamps) and engine/replica_view.py (``ReplicaView``: the only thing a
 router may read of a replica: queue lengths, KV usage, prefix hits). Then register its options
 model in engine/router_options.py, its class in engine/routers/__init__.py and its name in
-engine/config.py's ``RouterName``; tests/engine/test_router_imports.py fails if a router module imports
+engine/fleet_config.py's ``RouterName``; tests/engine/test_router_imports.py fails if a router module imports
 anything else of the engine. docs/fleet.md, "Writing a router", walks through an example.
 """
 
