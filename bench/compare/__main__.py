@@ -2,6 +2,7 @@
 
     python -m bench.compare --trace T --config ours.yaml [--name N] [--out bench/compare/results]
     python -m bench.compare --workload NAME | --all | --list   [--side both|ours|peer] [--reps N]
+    python -m bench.compare --workload NAME --set KEY=VALUE [--set ...] --name RESULT
 
 Run from the repository root. AISimulate is looked up at $AISIMULATE or ~/aisim/bin/aisimulate.
 """
@@ -58,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     what.add_argument("--summary", action="store_true",
                       help="write results/summary.md from the saved results of every named workload (runs nothing)")
     ap.add_argument("--config", type=Path, help="our config YAML (with --trace)")
-    ap.add_argument("--name", help="result name (with --trace); default: the config's stem")
+    ap.add_argument("--name", help="result name (with --trace, or one --workload with --set); default: the config's "
+                    "stem, or the workload's name")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a key of our config (repeatable, as `replay run --set`); AISimulate gets the "
+                         "translation of the result; needs --name, so the workload's own result is kept")
     ap.add_argument("--sessions", choices=["refuse", "flatten"], default="refuse",
                     help="multi-turn sessions: refuse, or replay every turn open-loop on both sides")
     ap.add_argument("--workloads", type=Path, default=WORKLOADS_FILE)
@@ -72,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error("--reps takes a positive count")
+    if args.overrides and not args.name:
+        ap.error("--set needs --name: the result is another comparison than the config's or workload's own")
+    if args.name and args.all:
+        ap.error("--name names one result: give one --workload, not --all")
+    if args.name and args.workload and len(args.workload) > 1:
+        ap.error("--name names one result: give one --workload")
 
     try:
         if args.trace is not None:
@@ -79,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error("--trace needs --config")
             name = args.name or args.config.stem
             job = Job(name=name, trace=args.trace, config=args.config, workdir=args.workdir / name,
-                      sessions=args.sessions, timeout_s=args.timeout or 1800.0)
+                      sessions=args.sessions, timeout_s=args.timeout or 1800.0, overrides=args.overrides)
             _run(job, args)
             return 0
         wf = load_workloads(args.workloads)
@@ -106,9 +117,11 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(f"[yellow]skipping {name}: {why}[/]", highlight=False)
                 results.append({"name": name, "skipped": str(why)})
                 continue
-            job = Job(name=name, trace=trace, config=(args.workloads.parent / wl.config).resolve(), workdir=workdir,
-                      description=wl.description, sessions=wl.sessions, timeout_s=args.timeout or wl.timeout_s,
-                      trace_notes=notes)
+            result_name = args.name or name
+            description = wl.description + (f" With --set {' '.join(args.overrides)}." if args.overrides else "")
+            job = Job(name=result_name, trace=trace, config=(args.workloads.parent / wl.config).resolve(),
+                      workdir=args.workdir / result_name, description=description, sessions=wl.sessions,
+                      timeout_s=args.timeout or wl.timeout_s, trace_notes=notes, overrides=args.overrides)
             results.append(_run(job, args))
         if args.all:
             kept = [r if r.get("skipped") else (_previous(args.out, r["name"]) or r) for r in results]

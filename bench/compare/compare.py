@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -49,6 +50,7 @@ class Job:
     sessions: str = "refuse"
     timeout_s: float = 1800.0
     trace_notes: list[str] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)  # KEY=VALUE on our config, as `replay run --set`
 
 
 def machine_info() -> dict[str, Any]:
@@ -115,10 +117,12 @@ def run_ours(job: Job, trace: Path) -> dict[str, Any]:
         shutil.rmtree(outdir)
     cmd, env = replay_command()
     # -q: no progress bar or summary table; output goes to a log file, as in any scripted run.
-    command = [*cmd, "run", str(trace), "-c", str(job.config), "-o", str(outdir), "-q"]
+    sets = [arg for kv in job.overrides for arg in ("--set", kv)]
+    command = [*cmd, "run", str(trace), "-c", str(job.config), "-o", str(outdir), "-q", *sets]
     proc = run_measured(command, log_dir=job.workdir / "logs", name="ours", timeout_s=job.timeout_s, env=env,
                         cwd=REPO_ROOT)
-    shown = " ".join(["replay", "run", str(trace), "-c", _rel_to_repo(job.config), "-o", str(outdir), "-q"])
+    shown = " ".join(["replay", "run", str(trace), "-c", _rel_to_repo(job.config), "-o", str(outdir), "-q",
+                      *(shlex.quote(arg) for arg in sets)])
     side: dict[str, Any] = {"command": shown, "process": proc.to_dict()}
     if proc.timed_out or proc.returncode != 0:
         side.update(status="failed", reason=f"exit {proc.returncode}" + (" (timeout)" if proc.timed_out else ""),
@@ -182,7 +186,7 @@ def compare(job: Job, *, sides: str = "both", previous: dict[str, Any] | None = 
     peer, ...), so the machine's drift hits both alike: the speed is then the ratio of the median
     walls, with every run's wall and every pair's ratio recorded. Metrics are the last run's (each
     run of a side gives the same outputs)."""
-    cfg = load_config(job.config)
+    cfg = load_config(job.config, job.overrides)
     prepared = prepare(job.trace, job.workdir, max_requests=cfg.load.max_requests, sessions=job.sessions)
     tr = translate(cfg, PeerTraffic(path=str(prepared.peer_path.resolve()), block_size=prepared.peer_block_size))
     speculative = cfg.speculative is not None
@@ -196,7 +200,7 @@ def compare(job: Job, *, sides: str = "both", previous: dict[str, Any] | None = 
         "trace": {"input": str(job.trace), "ours": str(prepared.ours_path), "peer": str(prepared.peer_path),
                   "peer_block_size": prepared.peer_block_size, "rows": prepared.rows,
                   "notes": job.trace_notes + prepared.notes},
-        "config": {"path": _rel_to_repo(job.config), "ours": cfg.model_dump(mode="json")},
+        "config": {"path": _rel_to_repo(job.config), "overrides": job.overrides, "ours": cfg.model_dump(mode="json")},
         "peer_config": tr.peer,
         "translation_notes": tr.notes,
         "timing_backend": cfg.timing.backend,

@@ -9,6 +9,8 @@ import pytest
 import bench.compare.compare as cmp
 from bench.compare.report import markdown
 
+RUN_OURS = cmp.run_ours  # before the fixture replaces it
+
 
 @pytest.fixture
 def fake_sides(monkeypatch, tmp_path):
@@ -51,3 +53,31 @@ def test_one_rep_is_one_run_each(fake_sides):
     result = cmp.compare(job)
     assert order == ["peer", "ours"]
     assert result["speed"]["ours_over_peer_wall"] == pytest.approx(0.3) and "reps" not in result["speed"]
+
+
+def test_overrides_reach_the_config_and_our_command(fake_sides, monkeypatch, tmp_path):
+    """--set changes our config (and so what AISimulate is translated from) and is passed to `replay run`."""
+    _, job = fake_sides
+    seen = {}
+    monkeypatch.setattr(cmp, "translate", lambda cfg, traffic: seen.setdefault("cfg", cfg) and SimpleNamespace(
+        peer={"k": 1}, notes=[]))
+    job.overrides = ["timing.host_overhead_ms=0", "load.max_requests=7"]
+    result = cmp.compare(job)
+    assert seen["cfg"].timing.host_overhead_ms == 0 and seen["cfg"].load.max_requests == 7
+    assert result["config"]["overrides"] == job.overrides
+
+    commands = []
+    monkeypatch.setattr(cmp, "ours_available", lambda: (True, ""))
+    monkeypatch.setattr(cmp, "run_measured", lambda command, **_: commands.append(command) or SimpleNamespace(
+        timed_out=True, returncode=-9, stderr_path=str(tmp_path / "missing"), to_dict=lambda: {}))
+    side = RUN_OURS(job, tmp_path / "t.parquet")
+    assert commands[0][-4:] == ["--set", "timing.host_overhead_ms=0", "--set", "load.max_requests=7"]
+    assert side["command"].endswith("--set timing.host_overhead_ms=0 --set load.max_requests=7")
+
+
+def test_set_needs_a_result_name(capsys):
+    from bench.compare.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--workload", "reuse-20k-8rps", "--set", "timing.host_overhead_ms=0"])
+    assert "--set needs --name" in capsys.readouterr().err
