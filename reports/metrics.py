@@ -266,8 +266,12 @@ def _warnings(run: Run, m: RunMetrics) -> list[str]:
                        "they are excluded from latency metrics")
     if falling_behind(m.keeping_up):
         k = m.keeping_up
+        share = k.get("queue_share_of_ttft")
+        backlog = (f"; queueing is {share:.0%} of mean TTFT, so TTFT here magnifies any step-time error several "
+                   "times over (docs/timing.md, \"Under overload, TTFT magnifies step time\")") if share else ""
         out.append(f"falling behind: median TTFT grows from {k['ttft_p50_first_fifth']:,.0f} ms (first fifth of "
-                   f"arrivals) to {k['ttft_p50_last_fifth']:,.0f} ms (last fifth); the load exceeds capacity")
+                   f"arrivals) to {k['ttft_p50_last_fifth']:,.0f} ms (last fifth); the load exceeds capacity"
+                   + backlog)
     sat = m.steps.get("kv_saturated_fraction")
     if sat is not None and sat >= KV_SATURATED_WARN:
         out.append(f"KV cache saturated: usage >= 95% for {sat:.1%} of busy time")

@@ -137,8 +137,10 @@ def keeping_up_text(m: RunMetrics) -> str:
         return "Not enough finished requests to tell whether the system kept up."
     verdict = ("**Falling behind**: the queue grows over the run." if falling_behind(k)
                else "**Keeping up**: latency does not grow over the run.")
+    share = k.get("queue_share_of_ttft")
+    queue = f" Queueing is {num(share, 'pct')} of mean TTFT." if share is not None else ""
     return (f"{verdict} Median TTFT of requests arriving in the first fifth of the trace: {num(first, 'ms')} ms; "
-            f"in the last fifth: {num(last, 'ms')} ms.")
+            f"in the last fifth: {num(last, 'ms')} ms.{queue}")
 
 
 def _provenance(info: dict[str, Any], outdir: Path) -> list[str]:

@@ -328,6 +328,8 @@ def test_latency_over_time_and_keeping_up(frames, metrics):
     last = fin[fin.arrival_ms >= hi - 0.2 * (hi - lo)].ttft_ms
     _close(float(np.percentile(first, 50)), metrics.keeping_up["ttft_p50_first_fifth"])
     _close(float(np.percentile(last, 50)), metrics.keeping_up["ttft_p50_last_fifth"])
+    _close(float(fin.queue_ms.sum() / fin.ttft_ms.sum()), metrics.keeping_up["queue_share_of_ttft"])
+    assert 0 < metrics.keeping_up["queue_share_of_ttft"] < 1
 
 
 def test_falling_behind_rule():
