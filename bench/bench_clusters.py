@@ -1,14 +1,16 @@
-"""A fleet of clusters replayed in one process and on Ray workers: wall, CPU, the speed-up, the bytes.
+"""A fleet of clusters replayed in one process, and in parallel (Ray workers or local processes):
+wall, the speed-up, the bytes.
 
     python bench/bench_clusters.py [--workload reuse-fleet8-64rps] [--clusters 2] [--max-requests N]
-                                   [--ray auto|ADDRESS] [--reps 3]
+                                   [--ray auto|ADDRESS | --workers N] [--reps 3]
 
 Each run is `replay run ... --set fleet.clusters=K` in its own process, alternately without and
 with `--ray` (a local Ray instance started by the run itself with `auto`: its start-up is counted,
-as a user waits for it). The baseline is the local run of the same topology in the same pass; the
-speed-up is local wall / Ray wall (medians). Outputs are compared byte for byte (requests, steps,
-chunks): the Ray run must write what the local run writes. CPU is the process and its children,
-which on Ray does not include the Ray workers (they are not our children), so only the walls compare.
+as a user waits for it) or, with `--workers N`, with `replay run --workers N` (forked local
+processes). The baseline is the one-process run of the same topology in the same pass; the speed-up
+is its wall / the parallel wall (medians). Outputs are compared byte for byte (requests, steps,
+chunks): the parallel run must write what the one-process run writes. Only walls compare (Ray's
+workers are not our children, so their CPU is not counted).
 """
 
 from __future__ import annotations
@@ -33,12 +35,10 @@ from bench.compare.workloads import load_workloads  # noqa: E402
 OUTPUTS = ("requests.parquet", "steps.parquet", "chunks.parquet")
 
 
-def _run(trace: Path, config: Path, sets: list[str], ray: str | None, out: Path) -> tuple[float, dict[str, str], dict]:
-    cmd = [sys.executable, "-m", "replay.cli", "run", str(trace), "-c", str(config), "-o", str(out), "-q"]
+def _run(trace: Path, config: Path, sets: list[str], parallel: list[str], out: Path) -> tuple[float, dict[str, str], dict]:
+    cmd = [sys.executable, "-m", "replay.cli", "run", str(trace), "-c", str(config), "-o", str(out), "-q", *parallel]
     for s in sets:
         cmd += ["--set", s]
-    if ray:
-        cmd += ["--ray", ray]
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -54,7 +54,9 @@ def main() -> int:
     ap.add_argument("--workload", default="reuse-fleet8-64rps", help="a fleet workload of bench/compare/workloads.yaml")
     ap.add_argument("--clusters", type=int, default=2)
     ap.add_argument("--max-requests", type=int, default=0, help="replay only the first N requests (0: all)")
-    ap.add_argument("--ray", default="auto", help="Ray address for the Ray side (default: a local instance)")
+    side = ap.add_mutually_exclusive_group()
+    side.add_argument("--ray", default="auto", help="Ray address for the parallel side (default: a local instance)")
+    side.add_argument("--workers", type=int, default=0, help="the parallel side in N local processes instead of Ray")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     wl = load_workloads().workloads[args.workload]
@@ -63,24 +65,26 @@ def main() -> int:
     sets = [f"fleet.clusters={args.clusters}"]
     if args.max_requests:
         sets.append(f"load.max_requests={args.max_requests}")
-    print(f"workload {args.workload}, {' '.join(sets)}, Ray {args.ray}; load average {os.getloadavg()}")
-    walls: dict[str, list[float]] = {"local": [], "ray": []}
+    parallel = ["--workers", str(args.workers)] if args.workers > 1 else ["--ray", args.ray]
+    label = f"{args.workers} processes" if args.workers > 1 else f"Ray {args.ray}"
+    print(f"workload {args.workload}, {' '.join(sets)}, {label}; load average {os.getloadavg()}")
+    walls: dict[str, list[float]] = {"local": [], "parallel": []}
     digests: dict[str, dict[str, str]] = {}
     engine_core = ""
     with tempfile.TemporaryDirectory(prefix="replay-clusters-") as tmp:
         for rep in range(args.reps):
-            for side in (("local", "ray") if rep % 2 == 0 else ("ray", "local")):
+            for side in (("local", "parallel") if rep % 2 == 0 else ("parallel", "local")):
                 out = Path(tmp) / f"{side}-{rep}"
-                wall, dig, info = _run(trace, config, sets, args.ray if side == "ray" else None, out)
+                wall, dig, info = _run(trace, config, sets, parallel if side == "parallel" else [], out)
                 walls[side].append(wall)
                 digests.setdefault(side, dig)
                 engine_core = info.get("engine_core", "")
                 print(f"  rep {rep} {side}: {wall:.2f} s", flush=True)
-    local, ray = statistics.median(walls["local"]), statistics.median(walls["ray"])
-    same = digests["local"] == digests["ray"]
-    print("| workload | clusters | core | local wall (s) | Ray wall (s) | speed-up | outputs |")
+    local, par = statistics.median(walls["local"]), statistics.median(walls["parallel"])
+    same = digests["local"] == digests["parallel"]
+    print(f"| workload | clusters | core | one process wall (s) | {label} wall (s) | speed-up | outputs |")
     print("|---|---:|---|---:|---:|---:|---|")
-    print(f"| {args.workload} | {args.clusters} | {engine_core} | {local:.2f} | {ray:.2f} | {local / ray:.2f}x | "
+    print(f"| {args.workload} | {args.clusters} | {engine_core} | {local:.2f} | {par:.2f} | {local / par:.2f}x | "
           f"{'identical' if same else 'DIFFERENT'} |")
     print(f"load average {os.getloadavg()}")
     return 0 if same else 1

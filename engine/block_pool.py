@@ -32,18 +32,9 @@ from typing import cast
 
 from replay.engine.block_hash_map import BlockHashToBlockMap, SlotTable, count_equal
 from replay.engine.block_keys import key_group
+from replay.engine.block_pool_checks import PoolInvariantError, check_pool_invariants
 from replay.engine.block_pool_free import free_registered
 from replay.engine.free_block_queue import AnonymousRun, FreeKVCacheBlockQueue
-
-
-class PoolInvariantError(Exception):
-    """A --check invariant of the pool failed (an engine bug, never bad input)."""
-
-
-def require_invariant(ok: bool, message: str) -> None:
-    """An invariant check that, unlike ``assert``, survives ``python -O``."""
-    if not ok:
-        raise PoolInvariantError(message)
 
 
 class BlockPool:
@@ -283,7 +274,8 @@ class BlockPool:
 
     def _hold_slots(self, table: SlotTable, i: int, blocks: list[int], j: int, m: int) -> None:
         """One more reference on slots i..i+m-1 of ``table``, which hold ``blocks[j:j+m]``."""
-        require_invariant(table.blocks[i:i + m] == blocks[j:j + m], "prefix hits are not the table's blocks")
+        if table.blocks[i:i + m] != blocks[j:j + m]:  # survives python -O, unlike assert
+            raise PoolInvariantError("prefix hits are not the table's blocks")
         refs = table.ref_counts
         zeros = count_equal(refs, i, i + m, 0)
         if zeros:
@@ -400,6 +392,13 @@ class BlockPool:
                     self.watch_hit = True
                     break
         self.cached_block_hash_to_block.insert_all(blocks, runs)
+
+    def check_invariants(self, in_use_keys: dict[int, int | None], holders: dict[int, int]) -> None:
+        """Debug mode (``--check``): counts, references and keys agree (engine/block_pool_checks.py).
+
+        ``in_use_keys`` maps each in-use block to the key its holders know it by (None when it is
+        not registered); ``holders`` counts the block tables holding each in-use block."""
+        check_pool_invariants(self, in_use_keys, holders)
 
 
 def any_in_groups(keys: list[int], groups: set[int]) -> bool:

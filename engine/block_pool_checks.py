@@ -1,18 +1,47 @@
 """The block pool's debug checks (``replay run --check``): counts, references and keys agree.
 
 O(pool) per call, so never on the hot path; kept out of engine/block_pool.py (compiled) because
-only the debug mode runs it.
+only the debug mode runs it. ``BlockPool.check_invariants`` calls it (a reference pool in the tests
+has its own), so it names the pool's parts through ``CheckedPool`` rather than importing the pool.
 """
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Protocol, cast
 
-from replay.engine.block_pool import BlockPool, require_invariant
-from replay.engine.free_block_queue import AnonymousRun
+from replay.engine.block_hash_map import BlockHashToBlockMap
+from replay.engine.free_block_queue import AnonymousRun, FreeKVCacheBlockQueue
 
 
-def check_pool_invariants(pool: BlockPool, in_use_keys: dict[int, int | None], holders: dict[int, int]) -> None:
+class PoolInvariantError(Exception):
+    """A --check invariant of the pool failed (an engine bug, never bad input)."""
+
+
+def require_invariant(ok: bool, message: str) -> None:
+    """An invariant check that, unlike ``assert``, survives ``python -O``."""
+    if not ok:
+        raise PoolInvariantError(message)
+
+
+class CheckedPool(Protocol):
+    """What the checks read of engine/block_pool.py's BlockPool."""
+
+    num_gpu_blocks: int
+    num_free: int
+    extra_refs: dict[object, int]
+    free_block_queue: FreeKVCacheBlockQueue
+    cached_block_hash_to_block: BlockHashToBlockMap
+
+    def is_free_in_run(self, b: int, key: int, rid: int) -> bool: ...
+
+    def cached_items(self) -> list[tuple[int, int]]: ...
+
+    def is_cached(self, key: int) -> bool: ...
+
+    def num_cached_keys(self) -> int: ...
+
+
+def check_pool_invariants(pool: CheckedPool, in_use_keys: dict[int, int | None], holders: dict[int, int]) -> None:
     """Debug mode: counts, references and keys agree (O(pool), never on the hot path).
 
     ``in_use_keys`` maps each in-use block to the key its holders know it by (None when it is

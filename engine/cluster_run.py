@@ -10,9 +10,11 @@ byte-identical.
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,19 +155,24 @@ def replay_cluster_remote(table: pa.Table, hash_block_size: int | None, config: 
 
 def replay_clusters(trace: TraceArrays, table: pa.Table, hash_block_size: int | None, config: EngineConfig,
                     setup: EngineSetup, plans: list[ClusterPlan], workdir: Path, *, ray_address: str | None,
-                    check_invariants: bool = False) -> list[ClusterResult]:
-    """Every cluster into ``workdir/cluster-<c>``: one after another here, or on Ray, where this
-    process replays the first cluster itself while Ray tasks replay the others (it would otherwise
-    sit idle waiting, and one worker fewer starts)."""
+                    workers: int = 1, check_invariants: bool = False) -> list[ClusterResult]:
+    """Every cluster into ``workdir/cluster-<c>``: one after another here, in up to ``workers``
+    local processes, or on Ray. With processes or Ray this process replays the first cluster itself
+    while the others run elsewhere (it would otherwise sit idle waiting, and one worker fewer starts)."""
     dirs = [workdir / f"cluster-{cp.cluster}" for cp in plans]
     for d in dirs:
         d.mkdir()
-    if ray_address is None:
-        return [replay_cluster(trace, config, setup, cp, d, check_invariants=check_invariants)
-                for cp, d in zip(plans, dirs)]
 
     def first() -> ClusterResult:
         return replay_cluster(trace, config, setup, plans[0], dirs[0], check_invariants=check_invariants)
+
+    if ray_address is None and workers > 1 and len(plans) > 1:
+        local, others = _run_in_processes(workers - 1, (trace, config, setup, check_invariants), plans[1:],
+                                          dirs[1:], first)
+        return [local, *others]
+    if ray_address is None:
+        return [replay_cluster(trace, config, setup, cp, d, check_invariants=check_invariants)
+                for cp, d in zip(plans, dirs)]
 
     local, remote = _run_on_ray(ray_address, table, hash_block_size, config, setup, plans[1:], first)
     for result, d in zip(remote, dirs[1:]):
@@ -173,6 +180,48 @@ def replay_clusters(trace: TraceArrays, table: pa.Table, hash_block_size: int | 
             (d / name).write_bytes(data)
         result.files = {}
     return [local, *remote]
+
+
+# What a forked worker process replays from: set just before the pool forks, inherited by the
+# children (no copy of the trace is pickled), cleared after.
+_FORKED: tuple[TraceArrays, EngineConfig, EngineSetup, bool] | None = None
+
+
+def _replay_forked(cp: ClusterPlan, outdir: str) -> ClusterResult:
+    """A worker process: replay cluster ``cp`` into ``outdir`` (a folder the parent merges)."""
+    assert _FORKED is not None
+    trace, config, setup, check_invariants = _FORKED
+    return replay_cluster(trace, config, setup, cp, Path(outdir), check_invariants=check_invariants)
+
+
+def _run_in_processes(processes: int, state: tuple[TraceArrays, EngineConfig, EngineSetup, bool],
+                      plans: list[ClusterPlan], dirs: list[Path],
+                      meanwhile: Callable[[], ClusterResult]) -> tuple[ClusterResult, list[ClusterResult]]:
+    """The clusters of ``plans`` in up to ``processes`` forked worker processes (each writes its
+    cluster's folder of ``dirs``), while this process runs ``meanwhile``; (its result, the workers'
+    results in cluster order). Fork shares the trace and the resolved timer with the workers as they
+    are; platforms without fork use --ray instead."""
+    global _FORKED
+    if "fork" not in multiprocessing.get_all_start_methods():
+        raise ReplayError("--workers needs processes started by fork (Linux, macOS); use --ray here")
+    _FORKED = state
+    pool = ProcessPoolExecutor(max_workers=min(processes, len(plans)), mp_context=multiprocessing.get_context("fork"))
+    try:
+        # Every worker forks here, before this process starts any thread of its own replay.
+        futures: list[Future[ClusterResult]] = [pool.submit(_replay_forked, cp, str(d)) for cp, d in zip(plans, dirs)]
+        local = meanwhile()
+        results = []
+        for cp, fut in zip(plans, futures):
+            try:
+                results.append(fut.result())
+            except ReplayError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a worker that died or failed: name the cluster
+                raise ReplayError(f"cluster {cp.cluster}'s replay failed in a worker process: {exc!r}") from None
+        return local, results
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        _FORKED = None
 
 
 def _run_on_ray(address: str, table: pa.Table, hash_block_size: int | None, config: EngineConfig,

@@ -17,8 +17,7 @@ import math
 from collections.abc import Callable
 
 from replay.base.errors import ReplayError
-from replay.engine.block_pool import PoolInvariantError
-from replay.engine.block_pool_checks import check_pool_invariants
+from replay.engine.block_pool_checks import PoolInvariantError
 from replay.engine.decode_window import DecodeWindowReplica, DecodeWindowStart, run_decode_window
 from replay.engine.recorder import Recorder
 from replay.engine.request import Request
@@ -260,6 +259,6 @@ class EngineCore:
                 if in_use_keys.get(b) is None:
                     in_use_keys[b] = key
         try:
-            check_pool_invariants(self.kv_pool, in_use_keys, holders)
+            self.kv_pool.check_invariants(in_use_keys, holders)
         except (PoolInvariantError, AssertionError) as exc:
             raise InvariantError(f"replica {self.replica}: KV block invariant failed: {exc}") from None

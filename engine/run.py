@@ -255,13 +255,14 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
                  trace_path: str | Path | None = None, config_source: str | None = None,
                  config_path: str | Path | None = None, on_error: str = "fail", overwrite: bool = True, progress: ProgressFn | None = None,
                  check_invariants: bool = False, setup: EngineSetup | None = None,
-                 fast_forward: bool = True, ray_address: str | None = None) -> RunSummary:
+                 fast_forward: bool = True, ray_address: str | None = None, workers: int = 1) -> RunSummary:
     """Replay ``table`` under ``config`` into ``outdir``; nothing is written unless the run completes.
 
     ``fast_forward=False`` steps through decode-only runs one step at a time (same bytes, slower:
     kept for the equivalence test). ``config_path``: the YAML file the config came from, an input
     like the trace (see ``config_input_files``). ``ray_address`` (``auto`` or a Ray address): a fleet
-    of clusters replays each cluster as a Ray task (the same outputs as without it).
+    of clusters replays each cluster as a Ray task; ``workers`` > 1: in up to that many local
+    processes (the same outputs as without either).
     """
     wall_start = time.perf_counter()
     setup = setup or resolve_setup(config)
@@ -272,9 +273,12 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
     if config.fleet is not None and config.fleet.clusters > 1:
         return _replay_clustered(table, meta, config, outdir, trace, setup, requests, wall_start, fingerprint,
                                  trace_path=trace_path, config_source=config_source, config_path=config_path,
-                                 overwrite=overwrite, check_invariants=check_invariants, ray_address=ray_address)
+                                 overwrite=overwrite, check_invariants=check_invariants, ray_address=ray_address,
+                                 workers=workers)
     if ray_address is not None:
         raise ConfigError("--ray replays the clusters of a fleet on Ray workers: set fleet.clusters above 1")
+    if workers > 1:
+        raise ConfigError("--workers replays the clusters of a fleet in parallel processes: set fleet.clusters above 1")
     disaggregated = is_disaggregated(config)
     inputs = [trace_path, *config_input_files(config, config_path)]
     if disaggregated:
@@ -341,7 +345,7 @@ def _replay_clustered(table: pa.Table, meta: TraceMetadata, config: EngineConfig
                       fingerprint: str, *,
                       trace_path: str | Path | None, config_source: str | None,
                       config_path: str | Path | None, overwrite: bool, check_invariants: bool,
-                      ray_address: str | None) -> RunSummary:
+                      ray_address: str | None, workers: int) -> RunSummary:
     """A fleet of clusters (engine/clusters.py): each cluster replayed on its own (here or on Ray),
     the outputs merged (engine/cluster_merge.py), one run.json over the whole fleet."""
     fleet = config.fleet
@@ -354,7 +358,7 @@ def _replay_clustered(table: pa.Table, meta: TraceMetadata, config: EngineConfig
         work = tmp / ".clusters"
         work.mkdir()
         results = replay_clusters(trace, table, meta.hash_block_size, config, setup, plans, work,
-                                  ray_address=ray_address, check_invariants=check_invariants)
+                                  ray_address=ray_address, workers=workers, check_invariants=check_invariants)
         merge_outputs([work / f"cluster-{cp.cluster}" for cp in plans], [r.rows for r in results],
                       [cp.replica_offset for cp in plans], tmp)
         shutil.rmtree(work)
@@ -370,7 +374,8 @@ def _replay_clustered(table: pa.Table, meta: TraceMetadata, config: EngineConfig
         info = build_run_info(facts)
         info["fleet"]["clusters"] = fleet.clusters
         info["fleet"]["global_router"] = fleet.global_router
-        info["fleet"]["ran_on"] = "ray" if ray_address is not None else "local"
+        info["fleet"]["ran_on"] = ("ray" if ray_address is not None
+                                   else f"{min(workers, fleet.clusters)} processes" if workers > 1 else "local")
         span_ms = facts.simulated_span_ms
         info["cost"] = cost_summary(config, fleet.replicas * span_ms, fleet.replicas * span_ms
                                     * config.tensor_parallel_size, span_ms)

@@ -9,6 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from replay.base.atomic import check_output_dir
+from replay.base.errors import ConfigError
 from replay.commands._common import console, user_errors
 
 
@@ -36,6 +37,8 @@ def run(
     block_size: int | None = typer.Option(None, "--trace-block-size", help="Tokens per hash id of a non-canonical TRACE."),
     ray: str | None = typer.Option(None, "--ray", help="With fleet.clusters > 1: replay each cluster as a Ray task, "
                                    "'auto' (a local Ray instance) or a cluster ADDRESS; same outputs as without."),
+    workers: int = typer.Option(1, "--workers", min=1, help="With fleet.clusters > 1: replay the clusters in up to "
+                                "this many local processes (one core each); same outputs as without."),
 ) -> None:
     """Replay every request of TRACE through the modeled vLLM V1 engine and write what each experienced."""
     from replay.api import load_any_trace, resolve_config
@@ -43,6 +46,8 @@ def run(
     with user_errors():
         if on_error not in ("fail", "skip"):
             raise typer.BadParameter("--on-error takes fail or skip")
+        if ray is not None and workers > 1:
+            raise ConfigError("--ray and --workers are two ways to spread the clusters: give one")
         cfg, source = resolve_config(config, set_)
         from replay.engine.run import config_input_files, replay_trace
 
@@ -58,7 +63,7 @@ def run(
         if quiet:
             summary = replay_trace(table, meta, cfg, outdir, trace_path=trace, config_source=source, config_path=config,
                                    on_error=on_error, overwrite=overwrite, check_invariants=check, setup=setup,
-                                   ray_address=ray)
+                                   ray_address=ray, workers=workers)
         else:
             columns = (TextColumn("[bold]replay[/]"), BarColumn(), MofNCompleteColumn(),
                        TextColumn("requests · sim {task.fields[sim]}"), TimeElapsedColumn())
@@ -70,7 +75,7 @@ def run(
 
                 summary = replay_trace(table, meta, cfg, outdir, trace_path=trace, config_source=source, config_path=config,
                                        on_error=on_error, overwrite=overwrite, progress=progress,
-                                       check_invariants=check, setup=setup, ray_address=ray)
+                                       check_invariants=check, setup=setup, ray_address=ray, workers=workers)
         wall = time.perf_counter() - started
         if not quiet:
             from replay.run_summary import print_run_summary

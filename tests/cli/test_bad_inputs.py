@@ -108,6 +108,11 @@ CASES = {
                                     _garbled_parquet(d / "g.parquet"), ["run", "g.parquet", "-o", "o"])[2],
                       "cannot read Parquet data"),
     "sql, empty query": (lambda d, t: (write_sample_run(d / "out", t), ["sql", "out", ""])[1], "empty query"),
+    "--workers without clusters": (lambda d, t: ["run", str(t), "-o", "o", "--workers", "2"],
+                                   "--workers replays the clusters of a fleet in parallel processes: set fleet.clusters"),
+    "--workers beside --ray": (lambda d, t: ["run", str(t), "-o", "o", "--workers", "2", "--ray", "auto",
+                                             "--set", "fleet.replicas=2", "--set", "fleet.clusters=2"],
+                               "--ray and --workers are two ways to spread the clusters"),
 }
 
 

@@ -15,7 +15,6 @@ import pytest
 
 from replay.engine.block_keys import BlockKeys
 from replay.engine.block_pool import BlockPool
-from replay.engine.block_pool_checks import check_pool_invariants
 from replay.engine.free_block_queue import AnonymousRun
 from tests.reference_block_pool import PerBlockPool
 
@@ -141,7 +140,7 @@ def test_anonymous_runs_match_per_block_pool(seed, style):
                 holders[blk] = holders.get(blk, 0) + 1
                 if in_use.get(blk) is None:
                     in_use[blk] = t.keys[j] if j < t.registered else None
-        check_pool_invariants(a, in_use, holders)
+        a.check_invariants(in_use, holders)
     assert pools[0].num_evictions > 0
 
 
@@ -205,4 +204,4 @@ def test_a_run_whose_blocks_are_all_hit_leaves_the_free_queue():
     fresh = pool.get_new_blocks(6)
     assert pool.num_evictions == 0 and pool.cached_prefix(run) == blocks
     in_use = {b: k for b, k in zip(blocks, run[0])} | {b: None for b in fresh}
-    check_pool_invariants(pool, in_use, {b: 1 for b in blocks + fresh})
+    pool.check_invariants(in_use, {b: 1 for b in blocks + fresh})

@@ -151,3 +151,51 @@ def test_ray_needs_clusters(tmp_path):
     cfg = EngineConfig.model_validate({"fleet": {"replicas": 2}})
     with pytest.raises(ConfigError, match="fleet.clusters"):
         replay_trace(table, meta, cfg, tmp_path / "o", setup=setup_for(400, FixedTimer(5.0)), ray_address="auto")
+
+
+@pytest.mark.parametrize("clusters, workers", [(2, 2), (4, 3)])
+def test_worker_processes_replay_the_clusters_into_the_same_bytes(tmp_path, clusters, workers):
+    """--workers: the clusters in forked processes (fewer processes than clusters: they take turns)."""
+    table, meta = _open_trace(80, seed=9)
+    cfg = EngineConfig.model_validate({"fleet": {"replicas": 2 * clusters, "clusters": clusters,
+                                                 "router": "kv_aware", "global_router": "prefix_hash"}})
+    runs = {}
+    for n in (1, workers):
+        out = tmp_path / f"w{n}"
+        info = replay_trace(table, meta, cfg, out, setup=setup_for(400, FixedTimer(5.0, 0.01, 1e-4)),
+                            workers=n).run_info
+        runs[n] = (out, info)
+    (a, ia), (b, ib) = runs[1], runs[workers]
+    assert ia["fleet"]["ran_on"] == "local" and ib["fleet"]["ran_on"] == f"{min(workers, clusters)} processes"
+    for name in ("requests.parquet", "steps.parquet", "chunks.parquet"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert ia["totals"] == ib["totals"] and ia["fleet"]["per_replica"] == ib["fleet"]["per_replica"]
+    assert len(set(pq.read_table(b / "requests.parquet").column("replica").to_pylist()) - {None}) > clusters
+
+
+def test_a_failing_worker_names_its_cluster_and_leaves_no_output(tmp_path, monkeypatch):
+    from replay.base.errors import ReplayError
+    from replay.engine import cluster_run
+
+    real = cluster_run.replay_cluster
+
+    def fail_in_cluster_1(trace, config, setup, cp, outdir, **kw):
+        if cp.cluster == 1:
+            raise RuntimeError("boom")
+        return real(trace, config, setup, cp, outdir, **kw)
+
+    monkeypatch.setattr(cluster_run, "replay_cluster", fail_in_cluster_1)  # the forked worker inherits it
+    table, meta = _open_trace(30, seed=2)
+    cfg = EngineConfig.model_validate({"fleet": {"replicas": 4, "clusters": 2}})
+    with pytest.raises(ReplayError, match="cluster 1's replay failed in a worker process.*boom"):
+        replay_trace(table, meta, cfg, tmp_path / "o", setup=setup_for(400, FixedTimer(5.0)), workers=2)
+    assert not (tmp_path / "o").exists()
+
+
+def test_workers_need_clusters(tmp_path):
+    from replay.base.errors import ConfigError
+
+    table, meta = _open_trace(5)
+    cfg = EngineConfig.model_validate({"fleet": {"replicas": 2}})
+    with pytest.raises(ConfigError, match="--workers.*fleet.clusters"):
+        replay_trace(table, meta, cfg, tmp_path / "o", setup=setup_for(400, FixedTimer(5.0)), workers=2)
