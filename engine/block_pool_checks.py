@@ -64,34 +64,34 @@ def check_pool_invariants(pool: CheckedPool, in_use_keys: dict[int, int | None],
         live = [(b, k) for b, k in zip(blocks, keys) if pool.is_free_in_run(b, k, rid)]
         require_invariant(len(live) == run.num_live(), f"run {rid}: stale count {run.num_stale} is off")
         require_invariant(sum(1 for b, _ in live if off_table.get(b) == rid) <= run.num_off_table,
-                 f"run {rid}: more blocks recorded off the tables than its count {run.num_off_table}")
+                          f"run {rid}: more blocks recorded off the tables than its count {run.num_off_table}")
         free += len(live)
         free_keys.update(live)
     in_slots = sum(len(t.free_run_ids) - t.free_run_ids.count(0) for t in hash_map.tables.values())
     require_invariant(len(free_keys) == len(off_table) + in_slots,
-             "run_id_of_block, the slots' run ids and the runs disagree")
+                      "run_id_of_block, the slots' run ids and the runs disagree")
     require_invariant(free == pool.num_free, f"{free} free blocks counted, {pool.num_free} recorded")
     require_invariant(pool.num_free + len(holders) == usable, (
-        f"{pool.num_free} free + {len(holders)} in use != {usable} usable blocks"))
+                      f"{pool.num_free} free + {len(holders)} in use != {usable} usable blocks"))
     slot_refs: dict[int, int] = {}  # a table's block -> its slot's reference count
     for tid, table in hash_map.tables.items():
         tblocks = table.blocks
         refs = table.ref_counts
         run_ids = table.free_run_ids
         require_invariant(len(refs) == len(tblocks) == len(run_ids), f"table {tid}: {len(refs)} counts and "
-                 f"{len(run_ids)} run ids for {len(tblocks)} slots")
+                          f"{len(run_ids)} run ids for {len(tblocks)} slots")
         require_invariant(table.num_filled == len(tblocks) - tblocks.count(0),
-                 f"table {tid}: {table.num_filled} slots counted as filled")
+                          f"table {tid}: {table.num_filled} slots counted as filled")
         for i in range(len(tblocks)):
             b = tblocks[i]
             if b:
                 require_invariant((refs[i] == 0) == (run_ids[i] != 0), f"block {b}: count {refs[i]} but run id "
-                         f"{run_ids[i]}")
+                                  f"{run_ids[i]}")
                 require_invariant(b not in off_table, f"block {b}: in a slot and in run_id_of_block")
                 slot_refs[b] = refs[i]
             else:
                 require_invariant(refs[i] == 0 and run_ids[i] == 0, f"table {tid}: an empty slot counts {refs[i]} "
-                         f"references, run id {run_ids[i]}")
+                                  f"references, run id {run_ids[i]}")
     for b, held in holders.items():
         require_invariant(b not in off_table and b not in free_keys, f"block {b} is held and free")
         ref_cnt = slot_refs[b] if b in slot_refs else 1 + pool.extra_refs.get(b, 0)
@@ -112,5 +112,3 @@ def check_pool_invariants(pool: CheckedPool, in_use_keys: dict[int, int | None],
     n_keys = pool.num_cached_keys() + sum(len(c) for c in hash_map.further_copies.values())
     n_keyed = len(free_keys) + sum(1 for b, k in in_use_keys.items() if k is not None)
     require_invariant(n_keys == n_keyed, f"{n_keys} cached copies but {n_keyed} keyed blocks")
-
-
