@@ -17,36 +17,26 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_ab import CONFIGS, _trace  # noqa: E402
+from bench.bench_fleet import replay_run  # noqa: E402
 from bench.compare.workloads import load_workloads  # noqa: E402
 
 OUTPUTS = ("requests.parquet", "steps.parquet", "chunks.parquet")
 
 
 def _run(trace: Path, config: Path, sets: list[str], parallel: list[str], out: Path) -> tuple[float, dict[str, str], dict]:
-    cmd = [sys.executable, "-m", "replay.cli", "run", str(trace), "-c", str(config), "-o", str(out), "-q", *parallel]
-    for s in sets:
-        cmd += ["--set", s]
-    started = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    if proc.returncode:
-        raise SystemExit(f"replay run failed:\n{proc.stderr[-2000:]}")
-    info = json.loads((out / "run.json").read_text())
+    res = replay_run(trace, out, config, sets, tuple(parallel))
     digests = {f: hashlib.sha256((out / f).read_bytes()).hexdigest() for f in OUTPUTS}
-    return wall, digests, info
+    return res["wall_s"], digests, res["info"]
 
 
 def main() -> int:

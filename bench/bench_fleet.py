@@ -36,10 +36,11 @@ ROUTERS = ["round_robin", "random", "session_affinity", "least_loaded", "kv_awar
 ROUTER_SETTINGS = {"kv_aware_approx": ["fleet.router=kv_aware", "fleet.router_options.kv_events=false"]}
 
 
-def replay_run(trace: Path, outdir: Path, config: Path, sets: list[str]) -> dict:
-    """One quiet `replay run` process: its wall and CPU seconds (user + system), peak RSS and run.json."""
+def replay_run(trace: Path, outdir: Path, config: Path, sets: list[str], options: tuple[str, ...] = ()) -> dict:
+    """One quiet `replay run` process (``options``: more of its flags, e.g. ``--workers 2``): its wall
+    and CPU seconds (user + system), peak RSS and run.json."""
     cmd = [sys.executable, "-c", "from replay.cli import app; app()", "run", str(trace), "-c", str(config),
-           "-o", str(outdir), "-q"]
+           "-o", str(outdir), "-q", *options]
     for s in sets:
         cmd += ["--set", s]
     t0 = time.perf_counter()

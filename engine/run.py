@@ -270,6 +270,8 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
     fingerprint = trace_fingerprint(table)
     trace = trace_arrays(table, meta.hash_block_size)
     requests = select_requests(trace, config, setup, on_error=on_error, trace_path=trace_path)
+    if ray_address is not None and workers > 1:
+        raise ConfigError("--ray and --workers are two ways to spread the clusters: give one")
     if config.fleet is not None and config.fleet.clusters > 1:
         return _replay_clustered(table, meta, config, outdir, trace, setup, requests, wall_start, fingerprint,
                                  trace_path=trace_path, config_source=config_source, config_path=config_path,
@@ -346,8 +348,9 @@ def _replay_clustered(table: pa.Table, meta: TraceMetadata, config: EngineConfig
                       trace_path: str | Path | None, config_source: str | None,
                       config_path: str | Path | None, overwrite: bool, check_invariants: bool,
                       ray_address: str | None, workers: int) -> RunSummary:
-    """A fleet of clusters (engine/clusters.py): each cluster replayed on its own (here or on Ray),
-    the outputs merged (engine/cluster_merge.py), one run.json over the whole fleet."""
+    """A fleet of clusters (engine/clusters.py): each cluster replayed on its own (here, in local
+    processes or on Ray), the outputs merged (engine/cluster_merge.py), one run.json over the whole
+    fleet."""
     fleet = config.fleet
     assert fleet is not None
     plan = plan_arrivals(trace, config.load, config.seed, requests.selected)

@@ -9,7 +9,6 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from replay.base.atomic import check_output_dir
-from replay.base.errors import ConfigError
 from replay.commands._common import console, user_errors
 
 
@@ -46,8 +45,6 @@ def run(
     with user_errors():
         if on_error not in ("fail", "skip"):
             raise typer.BadParameter("--on-error takes fail or skip")
-        if ray is not None and workers > 1:
-            raise ConfigError("--ray and --workers are two ways to spread the clusters: give one")
         cfg, source = resolve_config(config, set_)
         from replay.engine.run import config_input_files, replay_trace
 
