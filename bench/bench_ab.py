@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_kv_tiers import HOST, TIERS  # noqa: E402
 from bench.checkout_mount import is_mapped_layout  # noqa: E402
 from bench.compare.workloads import load_workloads, resolve_trace  # noqa: E402
 from bench.shared import shared_dir  # noqa: E402
@@ -56,6 +57,9 @@ WORKLOADS: dict[str, tuple[str, str, list[str]]] = {
     "reuse-fleet8-first25k": ("reuse-fleet8-64rps", "reuse-fleet8.yaml", ["load.max_requests=25000"]),
     "reuse-fleet8-kv-first10k": ("reuse-fleet8-64rps", "reuse-fleet8.yaml",
                                  ["load.max_requests=10000", "fleet.router=kv_aware"]),
+    # bench_kv_tiers.py's three-tier chain (G2, an on-evict node disk, a write-through cluster pool)
+    "mooncake-fleet8-tiers-first12k": ("mooncake-fleet8", "mooncake-fleet8.yaml",
+                                       ["load.max_requests=12000", HOST, TIERS]),
 }
 OUTPUTS = ("requests.parquet", "steps.parquet", "chunks.parquet")
 

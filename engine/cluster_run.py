@@ -130,10 +130,13 @@ def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup,
         kv_pool=PoolTotals(core.kv_pool.num_evictions),
         offload=OffloadTotals(core.offload.totals()) if core.offload is not None else None,
     ) for core in loop.cores]
-    return ClusterResult(cluster=cp.cluster, replicas=totals, rows=rows, status=recorder.status[rows].copy(),
-                         output_tokens=recorder.output_tokens[rows].copy(), replica=replica,
-                         num_steps=recorder.num_steps, num_chunks=recorder.num_chunks, span_ms=loop.now,
-                         tiers=tier_figures(loop.cores))
+    result = ClusterResult(cluster=cp.cluster, replicas=totals, rows=rows, status=recorder.status[rows].copy(),
+                           output_tokens=recorder.output_tokens[rows].copy(), replica=replica,
+                           num_steps=recorder.num_steps, num_chunks=recorder.num_chunks, span_ms=loop.now,
+                           tiers=tier_figures(loop.cores))
+    for core in loop.cores:
+        core.release()
+    return result
 
 
 def replay_cluster_remote(table: pa.Table, hash_block_size: int | None, config: EngineConfig,

@@ -229,6 +229,12 @@ class EngineCore:
             self.rec.request_unfinished(r)
 
     # -- diagnostics ---------------------------------------------------------------------------------
+    def release(self) -> None:
+        """The replay is over and its outputs are written: empty the KV stores whose linked runs
+        would otherwise wait for the cyclic garbage collector (engine/cpu_store.py, ``release``)."""
+        if self.offload is not None:
+            self.offload.release()
+
     def stuck_message(self, now: float) -> str:
         sched = self.sched
         head = sched.waiting.peek() if sched.waiting else None

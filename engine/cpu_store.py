@@ -115,6 +115,24 @@ class RunLRUStore:
             seg = seg.next
         return out
 
+    def release(self) -> None:
+        """Empty the store for good, breaking its list's reference cycles (every run points at its
+        neighbours), so that reference counting frees the runs at once when the engine is dropped:
+        left to the cyclic garbage collector, a tier store of 650,000 runs took 1.6 s to collect.
+        Called once a replay has written its outputs (engine/run.py)."""
+        head = self.head
+        seg = head.next
+        while seg is not head:
+            after = seg.next
+            seg.prev = head
+            seg.next = head
+            seg = after
+        head.prev = head
+        head.next = head
+        self.groups = {}
+        self.pins = {}
+        self.size = 0
+
     # -- linked list and group index -----------------------------------------------------------
     def _overlapping(self, group: int, lo: int, hi: int) -> list[_Seg]:
         """Segments of ``group`` holding keys in [lo, hi], by ascending ``lo``."""

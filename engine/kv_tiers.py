@@ -114,6 +114,13 @@ class KVTier:
             if below is not None:
                 below.write(out, now_ms, self.evict_links)
 
+    def release(self) -> None:
+        """Empty the store and its size-curve shadows for good (RunLRUStore.release says why)."""
+        self.store.release()
+        for shadow in self.shadows:
+            shadow.release()
+        self.pending = []
+
     # -- loads ---------------------------------------------------------------------------------
     def count(self, runs: list[range], start: int) -> int:
         return self.store.count_ready(runs, start, 1)
@@ -243,6 +250,11 @@ class TierChain:
         for tier in self.tiers:
             if tier.pending and tier.pending[0][0] <= now_ms:
                 tier.apply(now_ms)
+
+    def release(self) -> None:
+        """Empty this replica's tiers for good (a cluster tier too: releasing it twice is harmless)."""
+        for tier in self.tiers:
+            tier.release()
 
     # -- stores --------------------------------------------------------------------------------
     def offer(self, runs: list[range]) -> None:

@@ -398,6 +398,14 @@ class OffloadManager:
         used = len(self.store)
         return stored, loaded, used, used / self.num_cpu_blocks if self.num_cpu_blocks else 0.0
 
+    def release(self) -> None:
+        """Empty the G2 store and the tiers below for good once the replay's outputs are written,
+        so that reference counting, not the cyclic collector, frees them (RunLRUStore.release)."""
+        if isinstance(self.store, RunLRUStore):
+            self.store.release()
+        if self.lower is not None:
+            self.lower.release()
+
     def requests_holding_blocks(self) -> list[Request]:
         """Finished requests whose GPU blocks wait for their stores (debug checks)."""
         return [r for _, _, r in self._deferred_free]

@@ -82,31 +82,25 @@ def config_input_files(config: EngineConfig, config_path: str | Path | None = No
     return files
 
 
-# Young-generation threshold while a replay runs (CPython's default is 700). The engine allocates
-# millions of short-lived objects, but few survive and almost none form cycles: with collection
-# off for a whole replay, gc.collect() afterwards found 1.2k-3k unreachable objects (reuse-20k-8rps,
-# mooncake-0.25x, mooncake-fleet8), so memory does not grow. What the default costs is 90-105
-# generation-0/1 collections per replay that each traverse young containers such as the recorder's
-# growing columns and the trace's hash-id list: 0.05-0.17 s of an 8-11 s replay. At 100,000 none
-# ran on those workloads, and peak RSS stayed within run-to-run noise (about +-15 MB of 270-290 MB,
-# /usr/bin/time -v). gc.freeze() after setup gained nothing more: no full (generation 2) collection
-# happens during a replay either way. Collection stays enabled, so a run that does build cycles
-# still has them collected.
-_GEN0_THRESHOLD = 100_000
+# Automatic (cyclic) garbage collection is off while a replay runs, and restored after it: the
+# engine frees what it drops by reference count (whole replays left the same 10 unreachable objects),
+# and a collection would traverse the millions of long-lived objects a replay keeps (a three-tier
+# fleet spent 1.4 s of 13.5 s in it even with a young threshold of 100,000). The CPU stores' LRU
+# lists, cyclic by nature, are released once the outputs are written (EngineCore.release).
+# docs/engine.md, "No cyclic garbage collection during a replay", has the measurements.
 
 
 @contextmanager
 def _engine_gc() -> Iterator[None]:
-    """A high generation-0 threshold for the replay; the caller's thresholds restored after it."""
-    previous = gc.get_threshold()
-    if previous[0] == 0 or previous[0] >= _GEN0_THRESHOLD:  # collection off, or already rarer
+    """Automatic collection off for the replay (see above); left as it was if already off."""
+    if not gc.isenabled():
         yield
         return
-    gc.set_threshold(_GEN0_THRESHOLD, *previous[1:])
+    gc.disable()
     try:
         yield
     finally:
-        gc.set_threshold(*previous)
+        gc.enable()
 
 
 def _with_engine_gc(fn: Callable) -> Callable:
@@ -339,6 +333,8 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
         elif disaggregated and pool_scaled:
             info["scaling"] = {"pools": {name: scaling_summary(sc, None, span_ms) for name, sc in pool_scaled.items()}}
         write_json_atomic(tmp / RUN_FILE, info)
+    for core in facts.cores:
+        core.release()
     return RunSummary(outdir=Path(outdir), run_info=info)
 
 

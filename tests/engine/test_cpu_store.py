@@ -7,6 +7,7 @@ with the same batch ids, and return the same results at every call.
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -126,3 +127,35 @@ def test_eviction_skips_a_batch_still_being_written(store_class):
     # Nothing is complete (ready_below = 0): no room can be made, and nothing changes.
     assert store.store([range(5000, 5000 + bs, bs)], 3, 4, 0) == (1, None)
     assert len(store) == 4
+
+
+def _filled_store(num_requests: int) -> RunLRUStore:
+    """A store holding one run per request (unique prompts: nothing merges)."""
+    bs = 16
+    store = RunLRUStore(bs)
+    for tag in range(num_requests):
+        keys = BlockKeys([tag * 10 + 1, tag * 10 + 2], 0, 2, 32, bs, 64, unique_tag=tag + 1)
+        store.store(keys.key_runs(0, 2, bs), tag, 10**6, 10**9)
+    return store
+
+
+def test_released_store_leaves_no_cycles_for_the_collector():
+    # The LRU's runs point at their neighbours: a dropped store is garbage only the cyclic collector
+    # finds (the control), unless release() broke the links first; then reference counting frees
+    # it and at most the sentinel (which points at itself) is left for the collector.
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        control = _filled_store(50)
+        assert control.num_segments() >= 50
+        del control
+        assert gc.collect() >= 50
+        store = _filled_store(50)
+        store.release()
+        assert len(store) == 0 and store.num_segments() == 0 and store.lru_items() == []
+        del store
+        assert gc.collect() <= 2
+    finally:
+        if was_enabled:
+            gc.enable()
