@@ -50,6 +50,11 @@ class KVCacheConfig(StrictModel):
     kv_bytes_per_token: int | None = Field(None, gt=0)  # override for transfer sizing (per GPU rank)
     cache_dtype: Literal["auto", "bf16", "fp8"] = "auto"
     tiers: list[KVTierConfig] = Field(default_factory=list)  # tiers after host_offload (docs/kv-tiers.md)
+    offload_prompt_only: bool = True
+    """What the GPU offers to host_offload and the tiers: true, only prompt blocks (vLLM 0.33's
+    default, ``kv_connector_extra_config.offload_prompt_only`` in v1/kv_offload/base.py; LMCache's
+    ``save_decode_cache: false`` likewise); false, generated blocks too (docs/engine.md, "G2 host
+    offload")."""
 
     @model_validator(mode="after")
     def _one_capacity(self) -> KVCacheConfig:

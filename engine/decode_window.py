@@ -53,8 +53,16 @@ def _next_alloc_step(r, base: int, bs: int) -> int:
     return bs * len(r.block_ids) - base
 
 
-def _next_store_step(r, base: int, off_bs: int) -> int:
-    """Window step after which ``r``'s next offload block is full (G2 prepares its store then)."""
+_NEVER = 1 << 62  # a window step no window reaches
+
+
+def _next_store_step(r, base: int, off_bs: int, prompt_blocks: int) -> int:
+    """Window step after which ``r``'s next offload block is full (G2 prepares its store then).
+    ``prompt_blocks`` >= 0 (offload_prompt_only): the offload blocks of the prompt, past which
+    nothing is stored; a decoding request has computed them all, so it stores at once the ones a
+    full CPU pool refused (if any), then never."""
+    if prompt_blocks >= 0:
+        return 0 if r.num_stored_offload_blocks < prompt_blocks else _NEVER
     return off_bs * (r.num_stored_offload_blocks + 1) - 1 - base
 
 
@@ -270,9 +278,13 @@ class _DecodeWindow:
         head = None
         if offload is not None:
             off_bs = offload.block_size
+            prompt_only = offload.prompt_only
+            off_la = offload.lookahead
             # A store refused earlier (CPU pool full) is due again at once: clamp to step 0.
-            events += [(max(0, _next_store_step(r, b, off_bs)), _STORE, pos)
-                       for pos, (r, b) in enumerate(zip(running, base))]
+            for pos, (r, b) in enumerate(zip(running, base)):
+                due = _next_store_step(r, b, off_bs, (r.num_prompt_tokens - off_la) // off_bs if prompt_only else -1)
+                if due != _NEVER:
+                    events.append((max(0, due), _STORE, pos))
             # A blocked queue head is looked up on the CPU tier at every step (after the step's
             # allocations, before its stores), which moves its held keys to the LRU tail; only a step
             # that follows stores can change anything, so the window replays the lookup then.
@@ -320,8 +332,10 @@ class _DecodeWindow:
             for pos in storing:
                 r = running[pos]
                 r.num_computed_tokens = base[pos] + s
-                nxt = _next_store_step(r, base[pos], off_bs)
-                heapq.heappush(events, (nxt if nxt > s else s + 1, _STORE, pos))  # a refused store retries
+                nxt = _next_store_step(r, base[pos], off_bs,
+                                       (r.num_prompt_tokens - off_la) // off_bs if prompt_only else -1)
+                if nxt != _NEVER:
+                    heapq.heappush(events, (nxt if nxt > s else s + 1, _STORE, pos))  # a refused store retries
             storing = []
             offload.step_executed(times[s], times[s + 1])
             stored, _, cpu_used, _ = offload.step_stats()

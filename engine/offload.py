@@ -42,8 +42,9 @@ class OffloadManager:
     store_factory: type[RunLRUStore] | type[KeyLRUStore] = RunLRUStore
 
     def __init__(self, cfg: HostOffloadConfig | None, kv: KVCacheManager, kv_bytes_per_token: int,
-                 lower: TierChain | None = None) -> None:
-        """``cfg`` None: no G2 store, only the tiers of ``lower`` (which then cannot be None)."""
+                 lower: TierChain | None = None, prompt_only: bool = True) -> None:
+        """``cfg`` None: no G2 store, only the tiers of ``lower`` (which then cannot be None).
+        ``prompt_only``: stores stop at the prompt (vLLM's ``offload_prompt_only``, its default)."""
         gpu_bs = kv.block_size
         off_bs = (cfg.block_size if cfg is not None else None) or gpu_bs
         if off_bs % gpu_bs:
@@ -53,6 +54,7 @@ class OffloadManager:
         self.lookahead = kv.hash_lookahead
         self.block_bytes = off_bs * kv_bytes_per_token
         self.lower = lower
+        self.prompt_only = prompt_only
         self.has_host = cfg is not None
         self.has_curves = lower is not None and any(t.shadows for t in lower.tiers)
         if cfg is None:
@@ -107,8 +109,11 @@ class OffloadManager:
         capacity = self.num_cpu_blocks
         batch = len(self.batch_done)  # this step's batch id
         ready_below = -1
+        prompt_only = self.prompt_only
         for r in scheduled:
-            known = r.num_prompt_tokens + r.num_output_tokens
+            # vLLM's _calc_num_offloadable_tokens: this step's tokens, capped at the known tokens and,
+            # with offload_prompt_only, at the prompt.
+            known = r.num_prompt_tokens if prompt_only else r.num_prompt_tokens + r.num_output_tokens
             tokens = r.num_computed_tokens if r.num_computed_tokens < known else known
             full = (tokens - la) // bs
             m = r.num_stored_offload_blocks

@@ -88,8 +88,9 @@ def build_scheduler(config: EngineConfig, num_gpu_blocks: int, max_model_len: in
         pools = tier_pools or tier_pools_for(config, kv_bytes_per_token)
         assert pools is not None
         offload = OffloadManager(config.host_offload, kv, kv_bytes_per_token or config.kv_bytes_per_token(),
-                                 lower=pools.chain_for(replica))
+                                 lower=pools.chain_for(replica), prompt_only=config.kv_cache.offload_prompt_only)
     elif config.host_offload is not None:
-        offload = OffloadManager(config.host_offload, kv, kv_bytes_per_token or config.kv_bytes_per_token())
+        offload = OffloadManager(config.host_offload, kv, kv_bytes_per_token or config.kv_bytes_per_token(),
+                                 prompt_only=config.kv_cache.offload_prompt_only)
     limits = scheduler_limits_for(config, num_gpu_blocks, max_model_len)
     return Scheduler(limits, kv, sampler, offload)

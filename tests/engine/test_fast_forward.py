@@ -26,13 +26,15 @@ def _busy_trace(n: int, seed: int):
     return make_trace(rows)
 
 
-@pytest.mark.parametrize("blocks,budget,cpu_blocks", [(60, 64, None), (400, 256, None), (60, 64, 80),
-                                                       (120, 128, 30),
-                                                       pytest.param(400, 256, 5000, marks=pytest.mark.slow)])
-def test_fast_forward_is_byte_identical(tmp_path, blocks, budget, cpu_blocks):
+@pytest.mark.parametrize("blocks,budget,cpu_blocks,prompt_only", [
+    (60, 64, None, True), (400, 256, None, True), (60, 64, 80, True), (60, 64, 80, False), (120, 128, 30, True),
+    (120, 128, 30, False), pytest.param(400, 256, 5000, False, marks=pytest.mark.slow)])
+def test_fast_forward_is_byte_identical(tmp_path, blocks, budget, cpu_blocks, prompt_only):
     table, meta = _busy_trace(150, seed=blocks)
-    data = {"scheduler": {"max_num_batched_tokens": budget}}
-    if cpu_blocks:  # G2 stores happen inside decode windows; a tiny CPU pool refuses some of them
+    data = {"scheduler": {"max_num_batched_tokens": budget}, "kv_cache": {"offload_prompt_only": prompt_only}}
+    # G2 stores happen inside decode windows (generated blocks, or prompt blocks a full CPU pool
+    # refused earlier); a tiny CPU pool refuses some of them
+    if cpu_blocks:
         data["host_offload"] = {"num_cpu_blocks": cpu_blocks, "d2h_gbps": 0.05, "h2d_gbps": 0.05}
     cfg = EngineConfig.model_validate(data)
     outs = []

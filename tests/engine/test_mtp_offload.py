@@ -139,7 +139,7 @@ def offload(**kw):
     return base
 
 
-def run_offload(rows, tmp_path, *, num_gpu_blocks=64, caching=True, host=None, sched=None):
+def run_offload(rows, tmp_path, *, num_gpu_blocks=64, caching=True, host=None, sched=None, prompt_only=True):
     import pandas as pd
 
     from replay.engine.config import EngineConfig
@@ -149,7 +149,7 @@ def run_offload(rows, tmp_path, *, num_gpu_blocks=64, caching=True, host=None, s
     table, meta = make_trace(rows)
     cfg = EngineConfig.model_validate({
         "scheduler": {**BIG, **(sched or {})},
-        "kv_cache": {"enable_prefix_caching": caching},
+        "kv_cache": {"enable_prefix_caching": caching, "offload_prompt_only": prompt_only},
         "host_offload": host or offload(),
     })
     out = tmp_path / "out"
@@ -176,6 +176,22 @@ def test_offload_store_then_load_full_hit_recomputes_one_token(tmp_path):
     assert b.first_scheduled_ms == 80.0 and b.load_wait_ms == 30.0
     assert steps.scheduled_tokens.iloc[-1] == 1  # one token over 47 loaded: costed like a decode
     assert info["totals"]["cpu_blocks_stored"] == 3 and info["totals"]["cpu_blocks_loaded"] == 3
+
+
+@pytest.mark.parametrize("prompt_only", [True, False])
+def test_generated_blocks_are_stored_only_without_offload_prompt_only(tmp_path, prompt_only):
+    # A: a 32-token prompt (2 offload blocks) and 40 output tokens: 71 tokens computed, so 4 full
+    # blocks in the end, 2 of them generated. vLLM 0.33 (offload_prompt_only, its default) stores the
+    # prompt's 2 only; without it, the 2 generated ones too, each after the step that fills it.
+    # B, arriving after A, reads A's prompt from the CPU alone (GPU caching off): 31 tokens (the full
+    # hit recomputes one) either way, since generated blocks are A's own (no other prompt names them).
+    rows = [dict(input_tokens=32, output_tokens=40, hash_ids=[1, 2]),
+            dict(arrival_ms=2000, input_tokens=32, output_tokens=1, hash_ids=[1, 2])]
+    reqs, steps, info = run_offload(rows, tmp_path, caching=False, prompt_only=prompt_only)
+    assert info["totals"]["cpu_blocks_stored"] == (2 if prompt_only else 4)
+    assert info["totals"]["bytes_stored"] == (2 if prompt_only else 4) * 16_000
+    assert steps.cpu_blocks_used.max() == (2 if prompt_only else 4)
+    assert reqs.loc["r1", "cpu_hit_tokens"] == 31
 
 
 def test_offload_incomplete_store_is_not_loadable(tmp_path):
