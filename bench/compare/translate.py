@@ -130,6 +130,9 @@ def translate(cfg: EngineConfig, traffic: PeerTraffic) -> Translation:
         kv_peer["bytes_per_token"] = kv.kv_bytes_per_token
 
     ho = cfg.host_offload
+    if not kv.offload_prompt_only and (ho is not None or kv.tiers):
+        notes.append("kv_cache.offload_prompt_only=false applies to ours only: AISimulate offloads prompt "
+                     "blocks only, vLLM's default")
     if ho is not None:
         if cfg.speculative is not None:
             raise TranslationError(

@@ -221,3 +221,11 @@ def test_prepare_rejects_unknown_inputs(tmp_path):
     bad.write_text("a,b\n")
     with pytest.raises(TraceInputError, match="canonical Parquet trace or a Mooncake JSONL"):
         prepare(bad, tmp_path / "w", max_requests=None)
+
+
+@pytest.mark.parametrize("prompt_only", [True, False])
+def test_generated_block_stores_are_noted_as_ours_only(prompt_only):
+    tr = translate(cfg(kv_cache={"block_size": 16, "num_gpu_blocks": 1001, "offload_prompt_only": prompt_only},
+                       host_offload={"num_cpu_blocks": 5000}), TRAFFIC)
+    noted = any("offload_prompt_only=false applies to ours only" in n for n in tr.notes)
+    assert noted is not prompt_only
