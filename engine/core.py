@@ -228,13 +228,14 @@ class EngineCore:
         for r in list(self.sched.running) + list(self.sched.waiting) + [e[3] for e in self.inbox]:
             self.rec.request_unfinished(r)
 
-    # -- diagnostics ---------------------------------------------------------------------------------
+    # -- the end of a replay -------------------------------------------------------------------------
     def release(self) -> None:
         """The replay is over and its outputs are written: empty the KV stores whose linked runs
         would otherwise wait for the cyclic garbage collector (engine/cpu_store.py, ``release``)."""
         if self.offload is not None:
             self.offload.release()
 
+    # -- diagnostics ---------------------------------------------------------------------------------
     def stuck_message(self, now: float) -> str:
         sched = self.sched
         head = sched.waiting.peek() if sched.waiting else None

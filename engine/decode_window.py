@@ -41,6 +41,7 @@ from collections.abc import Callable
 from itertools import accumulate, islice, repeat
 from typing import Final
 
+from replay.engine.offload import OffloadManager
 from replay.engine.recorder import Recorder
 from replay.engine.request import Request
 from replay.engine.row_runs import ChangePoints, WindowRows
@@ -56,12 +57,13 @@ def _next_alloc_step(r, base: int, bs: int) -> int:
 _NEVER = 1 << 62  # a window step no window reaches
 
 
-def _next_store_step(r, base: int, off_bs: int, prompt_blocks: int) -> int:
+def _next_store_step(r, base: int, offload: OffloadManager) -> int:
     """Window step after which ``r``'s next offload block is full (G2 prepares its store then).
-    ``prompt_blocks`` >= 0 (offload_prompt_only): the offload blocks of the prompt, past which
-    nothing is stored; a decoding request has computed them all, so it stores at once the ones a
-    full CPU pool refused (if any), then never."""
-    if prompt_blocks >= 0:
+    With offload_prompt_only nothing past the prompt is stored, and a decoding request has computed
+    its whole prompt: it stores at once the blocks a full CPU pool refused (if any), then never."""
+    off_bs = offload.block_size
+    if offload.prompt_only:
+        prompt_blocks = (r.num_prompt_tokens - offload.lookahead) // off_bs
         return 0 if r.num_stored_offload_blocks < prompt_blocks else _NEVER
     return off_bs * (r.num_stored_offload_blocks + 1) - 1 - base
 
@@ -277,12 +279,9 @@ class _DecodeWindow:
         events = [(bs * len(r.block_ids) - b, _ALLOC, pos) for pos, (r, b) in enumerate(zip(running, base))]
         head = None
         if offload is not None:
-            off_bs = offload.block_size
-            prompt_only = offload.prompt_only
-            off_la = offload.lookahead
             # A store refused earlier (CPU pool full) is due again at once: clamp to step 0.
             for pos, (r, b) in enumerate(zip(running, base)):
-                due = _next_store_step(r, b, off_bs, (r.num_prompt_tokens - off_la) // off_bs if prompt_only else -1)
+                due = _next_store_step(r, b, offload)
                 if due != _NEVER:
                     events.append((max(0, due), _STORE, pos))
             # A blocked queue head is looked up on the CPU tier at every step (after the step's
@@ -332,8 +331,7 @@ class _DecodeWindow:
             for pos in storing:
                 r = running[pos]
                 r.num_computed_tokens = base[pos] + s
-                nxt = _next_store_step(r, base[pos], off_bs,
-                                       (r.num_prompt_tokens - off_la) // off_bs if prompt_only else -1)
+                nxt = _next_store_step(r, base[pos], offload)
                 if nxt != _NEVER:
                     heapq.heappush(events, (nxt if nxt > s else s + 1, _STORE, pos))  # a refused store retries
             storing = []
