@@ -83,3 +83,14 @@ def test_check_invariants_catch_a_planted_bug(tmp_path, optimize):
     assert res.returncode == 3, (res.stdout, res.stderr)
     assert "free blocks counted" in res.stdout, res.stdout
     assert not (tmp_path / "out").exists()  # the failed run left no output
+
+
+@pytest.mark.parametrize("preset,expected", [(None, "1"), ("4", "4")])
+def test_cli_keeps_openblas_to_one_thread_unless_told(preset, expected):
+    # Before any command imports numpy; a user's own setting wins.
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if preset is not None:
+        env["OPENBLAS_NUM_THREADS"] = preset
+    code = "import sys, os, replay.cli; print('numpy' in sys.modules, os.environ['OPENBLAS_NUM_THREADS'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", expected]
