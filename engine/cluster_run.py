@@ -29,6 +29,7 @@ from replay.engine.core import EngineCore
 from replay.engine.fleet import FleetLoop
 from replay.engine.kv_tier_report import TierFigures, tier_figures, tier_names
 from replay.engine.recorder import Recorder
+from replay.engine.replay_gc import without_collector
 from replay.engine.routers import RouterContext, build_router
 from replay.engine.run_setup import EngineSetup, resolve_setup
 from replay.engine.scheduler_factory import build_scheduler, tier_pools_for
@@ -89,6 +90,7 @@ class ClusterResult:
     tiers: list[TierFigures] = field(default_factory=list)  # its KV tiers (its own cluster tiers)
 
 
+@without_collector  # a Ray task too replays under the engine's collector policy
 def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, cp: ClusterPlan,
                    outdir: Path, *, check_invariants: bool = False) -> ClusterResult:
     """Replay one cluster's requests on its replicas, behind its own router, into ``outdir``."""

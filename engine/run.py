@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import copy
-import functools
-import gc
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +39,7 @@ from replay.engine.pd_run import (
 )
 from replay.engine.pd_scaling import pool_scalers
 from replay.engine.recorder import Recorder
+from replay.engine.replay_gc import without_collector
 from replay.engine.request_selection import ReplayedRequests, select_requests
 from replay.engine.routers import Router, RouterContext, build_router
 from replay.engine.run_info import ReplayFacts, build_run_info, trace_fingerprint
@@ -80,36 +77,6 @@ def config_input_files(config: EngineConfig, config_path: str | Path | None = No
     elif model.is_file():
         files.append(model)
     return files
-
-
-# Automatic (cyclic) garbage collection is off while a replay runs, and restored after it: the
-# engine frees what it drops by reference count (whole replays left the same 10 unreachable objects),
-# and a collection would traverse the millions of long-lived objects a replay keeps (a three-tier
-# fleet spent 1.4 s of 13.5 s in it even with a young threshold of 100,000). The CPU stores' LRU
-# lists, cyclic by nature, are released once the outputs are written (EngineCore.release).
-# docs/engine.md, "No cyclic garbage collection during a replay", has the measurements.
-
-
-@contextmanager
-def _engine_gc() -> Iterator[None]:
-    """Automatic collection off for the replay (see above); left as it was if already off."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-def _with_engine_gc(fn: Callable) -> Callable:
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with _engine_gc():
-            return fn(*args, **kwargs)
-
-    return wrapper
 
 
 @dataclass(frozen=True)
@@ -244,7 +211,7 @@ def store_trace(table: pa.Table, meta: TraceMetadata, trace_path: str | Path | N
     return Path(outdir).resolve() / "trace.parquet"
 
 
-@_with_engine_gc
+@without_collector
 def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, outdir: str | Path, *,
                  trace_path: str | Path | None = None, config_source: str | None = None,
                  config_path: str | Path | None = None, on_error: str = "fail", overwrite: bool = True, progress: ProgressFn | None = None,
