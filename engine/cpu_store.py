@@ -199,6 +199,23 @@ class RunLRUStore:
         group = key_group(lru_rng[0])
         a, b = lru_rng[0], lru_rng[-1]
         lo, hi = (a, b) if a <= b else (b, a)
+        lst = self.groups.get(group)
+        if lst is not None and len(lst) == 1:
+            seg = lst[0]
+            if seg.lo == lo and seg.hi == hi:
+                # The common case (a trace block held whole, as one run): relink that run at the
+                # tail in the new order. The general path below would cut it out and append a new
+                # one there; no other run of its group exists to merge with, so the result is the same.
+                tail = self.head.prev
+                if seg is not tail:
+                    seg.prev.next = seg.next
+                    seg.next.prev = seg.prev
+                    seg.prev = tail
+                    seg.next = self.head
+                    tail.next = seg
+                    self.head.prev = seg
+                seg.rng = lru_rng
+                return
         segs = self._overlapping(group, lo, hi)
         if not segs:
             if new_batch is not None:
