@@ -35,7 +35,7 @@ GOAL = 0.95
 
 
 def _replay(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from replay.cli import app; app()", *args]
+    return [sys.executable, "-c", "from replay.cli import main; main()", *args]
 
 
 def _timed(cmd: list[str]) -> tuple[float, float]:

@@ -39,7 +39,7 @@ ROUTER_SETTINGS = {"kv_aware_approx": ["fleet.router=kv_aware", "fleet.router_op
 def replay_run(trace: Path, outdir: Path, config: Path, sets: list[str], options: tuple[str, ...] = ()) -> dict:
     """One quiet `replay run` process (``options``: more of its flags, e.g. ``--workers 2``): its wall
     and CPU seconds (user + system), peak RSS and run.json."""
-    cmd = [sys.executable, "-c", "from replay.cli import app; app()", "run", str(trace), "-c", str(config),
+    cmd = [sys.executable, "-c", "from replay.cli import main; main()", "run", str(trace), "-c", str(config),
            "-o", str(outdir), "-q", *options]
     for s in sets:
         cmd += ["--set", s]
@@ -97,7 +97,7 @@ def routers(args: argparse.Namespace) -> None:
 
 def _trace_ideal(max_requests: int | None) -> float | None:
     """The trace's infinite-cache hit ratio, from `replay inspect --json` (ingest/stats.py)."""
-    cmd = [sys.executable, "-c", "from replay.cli import app; app()", "inspect", str(MOONCAKE), "--json"]
+    cmd = [sys.executable, "-c", "from replay.cli import main; main()", "inspect", str(MOONCAKE), "--json"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode or max_requests:
         return None
@@ -107,7 +107,7 @@ def _trace_ideal(max_requests: int | None) -> float | None:
 def large(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         trace = Path(tmp) / "synth.parquet"
-        synth = [sys.executable, "-c", "from replay.cli import app; app()", "synth", "-n", str(args.requests),
+        synth = [sys.executable, "-c", "from replay.cli import main; main()", "synth", "-n", str(args.requests),
                  "--seed", "0", "--arrival", "poisson", "--rate", "3.0", "--turns-mean", "3.0", "-o", str(trace)]
         subprocess.run(synth, cwd=ROOT, check=True, capture_output=True)
         if args.flatten:  # every turn open-loop at its timestamp, as the AISimulate comparison replays it

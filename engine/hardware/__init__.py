@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from replay.base.errors import ConfigError, ReplayError
 from replay.base.files import require_regular_file
-from replay.base.structured import load_yaml
+from replay.base.structured import load_bundled_yaml, load_yaml
 
 __all__ = ["Figure", "HardwareProfile", "TimingParams", "get_hardware", "list_hardware"]
 
@@ -104,7 +104,7 @@ def _profiles() -> dict[str, HardwareProfile]:
         if not item.name.endswith(".yaml"):
             continue
         where = f"engine/hardware/{_PROFILES}/{item.name}"
-        profile = _validate(yaml.safe_load(item.read_text(encoding="utf-8")), where)
+        profile = _validate(load_bundled_yaml(item.read_text(encoding="utf-8")), where)
         if profile.name != item.name.removesuffix(".yaml"):
             raise ConfigError(f"{where}: field 'name' must match the file name")
         out[profile.name] = profile

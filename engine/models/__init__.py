@@ -6,11 +6,9 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
 from replay.base.errors import ConfigError, ReplayError
 from replay.base.files import require_regular_file
-from replay.base.structured import parse_json
+from replay.base.structured import load_bundled_yaml, parse_json
 from replay.engine.models.spec import ModelSpec, spec_from_hf_config
 
 __all__ = ["ModelSpec", "get_model", "list_models", "spec_from_hf_config"]
@@ -22,7 +20,7 @@ _CATALOG = "catalog.yaml"
 def _catalog() -> tuple[dict[str, ModelSpec], dict[str, str]]:
     """(canonical name -> spec, lower-cased name or alias -> canonical name)."""
     text = resources.files(__package__).joinpath(_CATALOG).read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
+    data = load_bundled_yaml(text)
     specs: dict[str, ModelSpec] = {}
     index: dict[str, str] = {}
     for entry in data["models"]:

@@ -91,6 +91,12 @@ class Reader:
         return {}
 
 
+def record_indices(start: int, count: int) -> pa.Array:
+    """The 0-based record indices ``start .. start + count - 1`` as int64, made by numpy: pyarrow
+    converts a Python ``range`` element by element (0.11 s per million rows, against 2 ms)."""
+    return pa.array(np.arange(start, start + count, dtype=np.int64))
+
+
 def staged_table(columns: dict[str, pa.Array | None], rows: pa.Array, lines: pa.Array | None = None) -> pa.Table:
     """Assemble a staged table, casting each column to its staged type."""
     arrays: dict[str, pa.Array] = {}

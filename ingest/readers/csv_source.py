@@ -19,6 +19,7 @@ import pyarrow.csv as pcsv
 from replay.base.errors import TraceError
 
 from ..rejections import Rejection
+from .base import record_indices
 from .decoding import open_binary
 
 _BLOCK = 4 << 20
@@ -68,7 +69,7 @@ class CsvSource:
         )
         delivered = 0
         for batch in reader:
-            rows = pa.array(range(delivered, delivered + batch.num_rows), pa.int64())
+            rows = record_indices(delivered, batch.num_rows)
             delivered += batch.num_rows
             rej, invalid[:] = list(invalid), []
             for r in rej:

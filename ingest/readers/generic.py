@@ -21,7 +21,7 @@ from replay.base.errors import ConfigError
 
 from ..rejections import Rejection
 from ..schema import OPTIONAL_SCHEMA, optional_columns
-from .base import Col, Reader, ReaderInfo, Staged, stage
+from .base import Col, Reader, ReaderInfo, Staged, record_indices, stage
 from .csv_source import CsvSource
 from .jsonl import JsonlSource, first_record
 
@@ -121,7 +121,7 @@ class GenericCsvReader(Reader):
                     rows_list = rows.to_pylist()
                     rejections = rejections + [Rejection(rows_list[i], ids_col, reason, None, rec)
                                                for (i, reason), rec in zip(bad, recs, strict=True)]
-                    keep = pc.invert(pc.is_in(pa.array(range(raw.num_rows)), pa.array(idx)))
+                    keep = pc.invert(pc.is_in(record_indices(0, raw.num_rows), pa.array(idx, pa.int64())))
                     raw, rows, ids = raw.filter(keep), rows.filter(keep), ids.filter(keep)
                 raw = raw.set_column(raw.column_names.index(ids_col), ids_col, ids)
             yield stage(raw, rows, None, spec, rejections)

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.json as pj
 
 from ..rejections import Rejection
+from .base import record_indices
 from .decoding import field_with_bad_utf8, open_binary
 
 _U64_MAX = 2**64 - 1
@@ -144,7 +145,7 @@ class JsonlSource:
         delivered = 0
         try:
             for table in self._fast():
-                yield table, pa.array(range(delivered, delivered + table.num_rows), pa.int64()), [], None
+                yield table, record_indices(delivered, table.num_rows), [], None
                 delivered += table.num_rows
             return
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):

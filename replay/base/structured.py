@@ -63,6 +63,14 @@ def load_yaml(text: str) -> Any:
         raise TooDeepError() from None
 
 
+def load_bundled_yaml(text: str) -> Any:
+    """One of the package's own YAML files (model catalog, hardware profiles): libyaml's C loader
+    when PyYAML has it, 10x faster than the pure-Python one (0.08 s of every command's start).
+    Not for user files: the C parser does not turn a document nested too deeply into
+    ``RecursionError``, and these files are checked for repeated keys by the test suite instead."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - safe loaders
+
+
 def parse_yaml(text: str, where: str, error: type[ReplayError] = ReplayError) -> Any:
     """``load_yaml``; ``error`` names ``where`` on any problem."""
     try:
