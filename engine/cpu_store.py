@@ -244,10 +244,16 @@ class RunLRUStore:
             self._append(range(pos, b + step, step), new_batch, group)
 
     # -- operations ----------------------------------------------------------------------------
-    def _held(self, run: range) -> int:
+    def _held(self, lst: list[_Seg], run: range) -> int:
+        """How many keys of ``run`` the runs of its group (``lst``) hold."""
         a, b = run[0], run[-1]
         lo, hi = (a, b) if a <= b else (b, a)
         s = self.stride
+        if len(lst) == 1:  # the common case: no bisection, no list
+            seg = lst[0]
+            top = seg.hi if seg.hi < hi else hi
+            bottom = seg.lo if seg.lo > lo else lo
+            return (top - bottom) // s + 1 if top >= bottom else 0
         n = 0
         for seg in self._overlapping(key_group(a), lo, hi):
             n += ((seg.hi if seg.hi < hi else hi) - (seg.lo if seg.lo > lo else lo)) // s + 1
@@ -259,8 +265,9 @@ class RunLRUStore:
         n = 0
         if groups:
             for run in runs:
-                if key_group(run[0]) in groups:
-                    n += self._held(run)
+                lst = groups.get(key_group(run[0]))
+                if lst is not None:
+                    n += self._held(lst, run)
         return n
 
     @staticmethod
@@ -361,8 +368,9 @@ class RunLRUStore:
         held = 0
         if groups:
             for run in runs:
-                if key_group(run[0]) in groups:
-                    held += self._held(run)
+                lst = groups.get(key_group(run[0]))
+                if lst is not None:
+                    held += self._held(lst, run)
         new = runs_len(runs) - held
         need = new - (capacity - self.size)
         evicted = 0
@@ -430,9 +438,16 @@ class RunLRUStore:
     def _ready_prefix(self, run: range, ready_below: int) -> int:
         """How many leading keys of ``run`` are held and completely written."""
         a, b = run[0], run[-1]
+        step = run.step
+        lst = self.groups[key_group(a)]
+        if len(lst) == 1:  # the common case: one run holds the group's keys
+            seg = lst[0]
+            if seg.batch >= ready_below or not seg.lo <= a <= seg.hi:
+                return 0
+            covered = ((seg.hi if step > 0 else seg.lo) + step - a) // step
+            return covered if covered < len(run) else len(run)
         lo, hi = (a, b) if a <= b else (b, a)
         segs = [s for s in self._overlapping(key_group(a), lo, hi) if s.batch < ready_below]
-        step = run.step
         pos = a
         while segs:
             for seg in segs:

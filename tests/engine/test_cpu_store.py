@@ -82,6 +82,8 @@ def test_run_store_matches_key_store(seed, shape):
         elif op < 0.85:
             start = rng.randint(0, blocks - j0)
             assert run.count_ready(runs, start, ready_below) == ref.count_ready(runs, start, ready_below)
+            held = {key for key, _ in ref.lru_items()}
+            assert run.num_held(runs) == sum(key in held for r in runs for key in r)
         elif op < 0.95 or not pins:
             part = runs_slice(runs, rng.randint(0, 3), rng.randint(3, 12))
             if part:
