@@ -29,6 +29,7 @@ from __future__ import annotations
 from bisect import bisect_right, insort
 from itertools import repeat
 from operator import attrgetter, itemgetter
+from typing import Final
 
 from replay.engine.block_keys import key_group
 
@@ -85,6 +86,10 @@ class _Seg:
 
 
 _lo = attrgetter("lo")
+# _evict_front's outcomes
+_EVICTED: Final = 0
+_SHORT: Final = 1
+_BLOCKED: Final = 2
 _first_key = itemgetter(0)
 
 
@@ -330,18 +335,22 @@ class RunLRUStore:
             seg = seg.next
         return None
 
-    def _evict_front(self, needed: int, ready_below: int) -> bool:
-        """Evict the ``needed`` least recent keys of completely written batches, when no key is
-        pinned or named by the call (the common case: what _plan_evictions would choose, without
-        planning): whole runs leave, the last one may be cut. False, and nothing changes, when there
-        are fewer such keys."""
+    def _evict_front(self, needed: int, ready_below: int, avoid: set[int] | None = None) -> int:
+        """Evict the ``needed`` least recent keys of completely written batches, when none of them
+        is in a group that is pinned or in ``avoid`` (the call's own groups): then they are what
+        _plan_evictions would choose, found without planning. Whole runs leave, the last one may be
+        cut. Returns _EVICTED, or (nothing changed) _SHORT when there are fewer such keys, _BLOCKED
+        when one of the first ``needed`` is in such a group (the caller plans around it)."""
         head = self.head
+        pins = self.pins
         seg = head.next
         avail = 0
         while avail < needed:
             if seg is head:
-                return False
+                return _SHORT
             if seg.batch < ready_below:
+                if (pins and seg.group in pins) or (avoid is not None and seg.group in avoid):
+                    return _BLOCKED
                 avail += len(seg.rng)
             seg = seg.next
         seg = head.next
@@ -361,7 +370,7 @@ class RunLRUStore:
                     self._cut(seg, 0, needed)
                     needed = 0
             seg = nxt
-        return True
+        return _EVICTED
 
     def store(self, runs: list[range], batch: int, capacity: int, ready_below: int) -> tuple[int, int | None]:
         groups = self.groups
@@ -375,10 +384,12 @@ class RunLRUStore:
         need = new - (capacity - self.size)
         evicted = 0
         if need > 0:
-            if not held and not self.pins:  # nothing to skip but unwritten batches: evict the front
-                if not self._evict_front(need, ready_below):
-                    return new, None
-            else:
+            # Usually nothing to skip at the LRU front but unwritten batches: evict it as it is.
+            front = self._evict_front(need, ready_below,
+                                      {key_group(run[0]) for run in runs} if held else None)
+            if front == _SHORT:
+                return new, None
+            if front == _BLOCKED:
                 plan = self._plan_evictions(need, ready_below, runs if held else None)
                 if plan is None:
                     return new, None
