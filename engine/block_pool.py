@@ -95,6 +95,10 @@ class BlockPool:
         first unmapped one."""
         return self.cached_block_hash_to_block.cached_prefix(runs)
 
+    def cached_prefix_len(self, runs: list[range]) -> int:
+        """How many blocks ``cached_prefix(runs)`` would return (a router's count, no list built)."""
+        return self.cached_block_hash_to_block.cached_prefix_len(runs)
+
     # -- allocation ----------------------------------------------------------------------------------
     def get_new_blocks(self, n: int) -> list[int]:
         """Take ``n`` blocks from the LRU end; a taken block that is still cached is evicted now."""

@@ -92,7 +92,7 @@ class ReplicaView:
     def prefix_hit_blocks(self, runs: list[range]) -> int:
         """Leading blocks of ``runs`` (BlockKeys.key_runs order) held by this replica's GPU prefix
         cache now: a request with these keys would find that many blocks cached here."""
-        return len(self._pool.cached_prefix(runs))
+        return self._pool.cached_prefix_len(runs)
 
     def tier_hit_tokens(self, req: Request, gpu_hit_tokens: int, now_ms: float) -> dict[str, int]:
         """Per tier after the GPU, in chain order: tokens a lookup of ``req`` would load from it at

@@ -61,6 +61,9 @@ class PerBlockPool:
     def cached_items(self) -> list[tuple[int, int]]:
         return list(self.cached.items())
 
+    def cached_prefix_len(self, runs: list[range]) -> int:
+        return len(self.cached_prefix(runs))
+
     def cached_prefix(self, runs: list[range]) -> list[int]:
         out: list[int] = []
         for rng in runs:

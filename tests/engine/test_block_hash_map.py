@@ -96,6 +96,8 @@ def test_a_prefix_walk_stops_at_the_first_unmapped_key():
     assert hash_map.cached_prefix(both) == [1]
     assert hash_map.cached_prefix([_run(2, 12, 16)]) == [3, 4]
     assert hash_map.cached_prefix([_run(5, 4, 8)]) == []
+    for runs in (both, [_run(2, 12, 16)], [_run(5, 4, 8)], [_run(2, 4, 24)]):
+        assert hash_map.cached_prefix_len(runs) == len(hash_map.cached_prefix(runs))
 
 
 def test_a_further_copy_takes_over_a_slot_with_its_count_or_run_id():

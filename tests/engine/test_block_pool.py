@@ -101,6 +101,7 @@ def test_anonymous_runs_match_per_block_pool(seed, style):
                 keys, runs = _trace_prompt(rng, step, lookahead)
             # The table walk finds what a per-key walk of the same pool finds, block for block.
             assert pools[0].cached_prefix(runs) == _hits(pools[0], keys)
+            assert pools[0].cached_prefix_len(runs) == len(_hits(pools[0], keys))  # the routers' count
             hits = [pool.cached_prefix(runs) for pool in pools]
             assert len(hits[0]) == len(hits[1])
             if rng.random() < 0.3:  # looked up before another request registered the prefix: copies
