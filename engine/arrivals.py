@@ -66,7 +66,8 @@ def plan_arrivals(trace: TraceArrays, load: LoadConfig, seed: int, selected: np.
     arrival = trace.arrival_ms[selected].astype(np.float64)
     if start:  # a window's replay starts at the window's start
         arrival = arrival - start
-    arrival = arrival / speedup
+    with np.errstate(over="ignore"):  # a speedup this small is refused below (check_clock), naming the key
+        arrival = arrival / speedup
     delay = trace.delay_ms[selected]
     dependents: dict[int, list[tuple[int, float]]] = {}
     is_open = np.ones(n, dtype=bool)
