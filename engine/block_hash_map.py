@@ -247,41 +247,20 @@ class BlockHashToBlockMap:
     # -- lookup --------------------------------------------------------------------------------------
     def cached_prefix_len(self, runs: list[range]) -> int:
         """``len(cached_prefix(runs))`` without building the list (routers only count the hits)."""
-        n_hit = 0
-        tables = self.tables
-        bs = self.block_size
-        for rng in runs:
-            n = len(rng)
-            if n == 0:
-                continue
-            k0 = rng[0]
-            if k0 < 0 or rng.step != bs:
-                for key in rng:
-                    if self.get_one_block(key) is None:
-                        return n_hit
-                    n_hit += 1
-                continue
-            tid, i = self.slot_of(k0)
-            table = tables.get(tid)
-            if table is None:
-                return n_hit
-            blocks = table.blocks
-            end = i + n
-            if end <= len(blocks) and (table.num_filled == len(blocks) or count_equal(blocks, i, end, 0) == 0):
-                n_hit += n
-                continue
-            stop = end if end < len(blocks) else len(blocks)
-            j = i
-            while j < stop and blocks[j]:
-                j += 1
-            return n_hit + j - i
-        return n_hit
+        return self._walk_prefix(runs, None)
 
     def cached_prefix(self, runs: list[range]) -> list[int]:
         """First cached copies of the leading mapped keys of ``runs`` (BlockKeys.key_runs: each run
         in one trace block, stepping by the block size, or unique keys), up to the first unmapped one.
         One table slice per trace block."""
         out: list[int] = []
+        self._walk_prefix(runs, out)
+        return out
+
+    def _walk_prefix(self, runs: list[range], out: list[int] | None) -> int:
+        """How many leading keys of ``runs`` are mapped; their first cached copies are appended to
+        ``out`` when it is a list."""
+        n_hit = 0
         tables = self.tables
         bs = self.block_size
         for rng in runs:
@@ -293,22 +272,28 @@ class BlockHashToBlockMap:
                 for key in rng:
                     b = self.get_one_block(key)
                     if b is None:
-                        return out
-                    out.append(b)
+                        return n_hit
+                    if out is not None:
+                        out.append(b)
+                    n_hit += 1
                 continue
             tid, i = self.slot_of(k0)
             table = tables.get(tid)
             if table is None:
-                return out
+                return n_hit
             blocks = table.blocks
             end = i + n
             # every slot filled, or none of these empty: the whole slice
             if end <= len(blocks) and (table.num_filled == len(blocks) or count_equal(blocks, i, end, 0) == 0):
-                out += blocks[i:end]
+                if out is not None:
+                    out += blocks[i:end]
+                n_hit += n
                 continue
-            for b in blocks[i:end]:
-                if not b:
-                    return out
-                out.append(b)
-            return out
-        return out
+            stop = end if end < len(blocks) else len(blocks)
+            j = i
+            while j < stop and blocks[j]:
+                j += 1
+            if out is not None:
+                out += blocks[i:j]
+            return n_hit + j - i
+        return n_hit
