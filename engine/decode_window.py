@@ -21,10 +21,11 @@ window's last step. It ends early at the first step whose block allocation would
 needs the real scheduler, which may preempt).
 
 The step that finishes requests ends the window when nothing can follow from the finish inside
-that step: there is no G2 tier (it defers frees), no closed-loop turn or concurrency slot waits on
-the request (the fleet says so through ``finish_is_quiet``), and the step ends no later than the
-next event (which must not see the finishes early: the router reads running counts and free
-blocks). A waiting queue does not stop it: the step's own schedule() still finds the queue blocked
+that step: no closed-loop turn or concurrency slot waits on the request (the fleet says so through
+``finish_is_quiet``), no running request has a G2 store due (with prompt-only stores, once every
+prompt block is stored; a finish whose own stores are still in flight defers its free exactly as
+update_from_output does), and the step ends no later than the next event (which must not see the
+finishes early: the router reads running counts and free blocks). A waiting queue does not stop it: the step's own schedule() still finds the queue blocked
 (nobody has finished before it), and what the finish frees is first used by the next step, which
 goes through the scheduler. The window then does what update_from_output does at that step's end:
 the requests finish in running order and their blocks are freed; the step's row counts the
@@ -179,10 +180,15 @@ def _first_finish_step(running: list[Request], max_model_len: int) -> int:
 
 def _finish_joins_window(sched: Scheduler, m: int, finish_is_quiet: Callable[[Request], bool] | None) -> bool:
     """Whether the finishing step ``m`` may join the window: its finishes concern nobody but this
-    replica. No G2 tier (its frees are deferred), no closed-loop turn waits on a request that
-    finishes there. Waiting requests stay blocked through step ``m`` (see the module doc)."""
-    if sched.offload is not None:
-        return False
+    replica. No closed-loop turn waits on a request that finishes there, and with a G2 tier no
+    running request has a store due (a window that then ends before step ``m``, because step ``m``
+    would end after the next event, must not have replayed step ``m``'s stores). Waiting requests
+    stay blocked through step ``m`` (see the module doc)."""
+    offload = sched.offload
+    if offload is not None:
+        for r in sched.running:
+            if _next_store_step(r, 0, offload) != _NEVER:
+                return False
     if finish_is_quiet is not None:
         max_model_len = sched.limits.max_model_len
         for r in sched.running:

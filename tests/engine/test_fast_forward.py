@@ -75,8 +75,9 @@ def test_decode_windows_time_few_steps_they_do_not_take(tmp_path, blocks):
     assert len(timer.calls) <= 2.5 * steps, (len(timer.calls), steps)
 
 
-def _finishing_pair(tmp_path, max_num_seqs: int, third: bool, ff: bool = True):
-    """Two requests decoding together (A: 8 tokens, B: 30); optionally a third one that must wait."""
+def _finishing_pair(tmp_path, max_num_seqs: int, third: bool, ff: bool = True, host_offload: dict | None = None):
+    """Two requests decoding together (A: 8 tokens, B: 30); optionally a third one that must wait;
+    ``host_offload``: with a G2 tier of that config."""
     import pyarrow.parquet as pq
 
     rows = [dict(arrival_ms=0, input_tokens=40, output_tokens=8, hash_ids=[1, 2, 3]),
@@ -84,7 +85,10 @@ def _finishing_pair(tmp_path, max_num_seqs: int, third: bool, ff: bool = True):
     if third:
         rows.append(dict(arrival_ms=0, input_tokens=40, output_tokens=5, hash_ids=[11, 12, 13]))
     table, meta = make_trace(rows, 16)
-    cfg = EngineConfig.model_validate({"scheduler": {"max_num_seqs": max_num_seqs}})
+    data: dict = {"scheduler": {"max_num_seqs": max_num_seqs}}
+    if host_offload is not None:
+        data["host_offload"] = host_offload
+    cfg = EngineConfig.model_validate(data)
     out = tmp_path / f"out{ff}"
     summary = replay_trace(table, meta, cfg, out, setup=setup_for(200, FixedTimer(5.0, 0.01, 1e-4)),
                            fast_forward=ff, check_invariants=True)
@@ -119,3 +123,19 @@ def test_a_finish_that_admits_a_waiting_request_ends_a_window_too(tmp_path):
     calls_b, steps_b, reqs_b = _finishing_pair(tmp_path, max_num_seqs=2, third=True, ff=False)
     assert steps.equals(steps_b) and reqs.equals(reqs_b)
     assert calls_b == len(steps_b)
+
+
+@pytest.mark.parametrize("d2h_gbps", [50.0, 1e-6])
+def test_with_g2_a_finishing_step_joins_the_window_once_the_prompts_are_stored(tmp_path, d2h_gbps):
+    # A G2 tier storing prompt blocks only: both prompts (2 full blocks each) are offered at step 0,
+    # and nothing after, so each finishing step is a window's last, as without G2, and the scheduler
+    # builds step 0 only. With a link so slow that A's store is still in flight when A finishes,
+    # its blocks wait for the store (the free is deferred) exactly as stepping one by one has them wait.
+    g2 = {"num_cpu_blocks": 100, "d2h_gbps": d2h_gbps, "h2d_gbps": 50.0}
+    calls, steps, reqs = _finishing_pair(tmp_path, max_num_seqs=8, third=False, host_offload=g2)
+    assert calls == 1
+    calls_b, steps_b, reqs_b = _finishing_pair(tmp_path, max_num_seqs=8, third=False, ff=False, host_offload=g2)
+    assert steps.equals(steps_b) and reqs.equals(reqs_b)
+    assert calls_b == 30
+    a_blocks_free = steps.kv_blocks_used.tolist()[7] == 3  # B's 3 blocks only: A's were freed at its finish
+    assert a_blocks_free == (d2h_gbps > 1)
