@@ -25,9 +25,9 @@ that step: no closed-loop turn or concurrency slot waits on the request (the fle
 ``finish_is_quiet``), no running request has a G2 store due (with prompt-only stores, once every
 prompt block is stored; a finish whose own stores are still in flight defers its free exactly as
 update_from_output does), and the step ends no later than the next event (which must not see the
-finishes early: the router reads running counts and free blocks). A waiting queue does not stop it: the step's own schedule() still finds the queue blocked
-(nobody has finished before it), and what the finish frees is first used by the next step, which
-goes through the scheduler. The window then does what update_from_output does at that step's end:
+finishes early: the router reads running counts and free blocks). A waiting queue does not stop
+it: the step's own schedule() still finds the queue blocked (nobody has finished before it), and
+what the finish frees is first used by the next step, which goes through the scheduler. The window then does what update_from_output does at that step's end:
 the requests finish in running order and their blocks are freed; the step's row counts the
 requests still running. Otherwise the finishing step goes through the scheduler, as before. This
 halves the steps that need the scheduler both in a fleet of mostly idle replicas and on an
