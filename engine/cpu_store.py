@@ -14,9 +14,9 @@ engine/key_lru_store.py):
   position ``start``.
 
 Keys come as runs (``range`` objects from ``BlockKeys.key_runs``): one run per trace block, every
-run inside one ``key_group``. ``RunLRUStore`` keeps the LRU as a linked list of such runs, so a
-store of a prefill chunk, its later eviction and a lookup cost a few operations per trace block
-rather than per offload block (a Mooncake trace block of 512 tokens is 32 blocks of 16): the
+run inside one ``key_group``. ``RunLRUStore`` keeps the LRU as a linked list of such runs
+(engine/run_list.py), so a store of a prefill chunk, its later eviction and a lookup cost a few
+operations per trace block rather than per offload block (a Mooncake trace block of 512 tokens is 32 blocks of 16): the
 reference workload's 2 M-block pool holds about 65,000 runs. Generated tokens are stored one block
 per step, so on decode-heavy traffic runs are shorter, at worst one block each, where a run (a
 Python object in a linked list) costs more than a per-key OrderedDict entry.
@@ -26,66 +26,14 @@ is tested against.
 
 from __future__ import annotations
 
-from bisect import bisect_right, insort
-from itertools import repeat
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import Final
 
 from replay.engine.block_keys import key_group
+from replay.engine.run_list import RunList, Segment, runs_len, runs_slice
 
+__all__ = ["RunLRUStore", "runs_len", "runs_slice"]
 
-def runs_len(runs: list[range]) -> int:
-    # A plain loop: compiled, it is a native loop; sum(map(len, ...)) goes through generic calls.
-    n = 0
-    for run in runs:
-        n += len(run)
-    return n
-
-
-def runs_slice(runs: list[range], i0: int, i1: int) -> list[range]:
-    """Positions i0..i1-1 of the concatenated runs, still as runs."""
-    out: list[range] = []
-    if i1 <= i0:
-        return out
-    pos = 0
-    for run in runs:
-        n = len(run)
-        if pos + n > i0 and pos < i1:
-            out.append(run[max(0, i0 - pos):i1 - pos])
-        pos += n
-        if pos >= i1:
-            break
-    return out
-
-
-class _Seg:
-    """A run of keys adjacent in LRU order, least recent first, all written by one batch.
-
-    ``rng`` steps by +S or -S (S = the store's block size), so its keys fill the interval
-    [lo, hi] of its group at stride S; the segments of one group never overlap.
-    """
-
-    __slots__ = ("prev", "next", "rng", "lo", "hi", "batch", "group")
-
-    def __init__(self, rng: range, batch: int, group: int) -> None:
-        self.prev: _Seg = self
-        self.next: _Seg = self
-        self.batch = batch
-        self.group = group
-        self.rng = rng
-        a, b = rng[0], rng[-1]
-        self.lo, self.hi = (a, b) if a <= b else (b, a)
-
-    def set(self, rng: range) -> None:
-        self.rng = rng
-        a, b = rng[0], rng[-1]
-        self.lo, self.hi = (a, b) if a <= b else (b, a)
-
-    def index(self, key: int) -> int:
-        return (key - self.rng.start) // self.rng.step
-
-
-_lo = attrgetter("lo")
 # _evict_front's outcomes
 _EVICTED: Final = 0
 _SHORT: Final = 1
@@ -93,13 +41,12 @@ _BLOCKED: Final = 2
 _first_key = itemgetter(0)
 
 
-class RunLRUStore:
-    """The LRU as a doubly linked list of key runs, indexed by group (sorted by ``lo``)."""
+class RunLRUStore(RunList):
+    """The store's semantics over a RunList: held and ready keys, stores with eviction, touches,
+    pins."""
 
     def __init__(self, block_size: int) -> None:
-        self.stride = block_size  # keys one block apart in a group differ by exactly this
-        self.head = _Seg(range(0, 1), -1, 0)  # sentinel: head.next is the least recent run
-        self.groups: dict[int, list[_Seg]] = {}
+        super().__init__(block_size)
         self.pins: dict[int, list[tuple[int, int]]] = {}  # group -> key intervals pinned by loads in flight
         self.size = 0
         # When a list: the key runs evictions remove are appended to it (a tier below that stores
@@ -109,147 +56,15 @@ class RunLRUStore:
     def __len__(self) -> int:
         return self.size
 
-    def num_segments(self) -> int:
-        return sum(map(len, self.groups.values()))
-
-    def lru_items(self) -> list[tuple[int, int]]:
-        out: list[tuple[int, int]] = []
-        seg = self.head.next
-        while seg is not self.head:
-            out.extend(zip(seg.rng, repeat(seg.batch)))
-            seg = seg.next
-        return out
-
     def release(self) -> None:
-        """Empty the store for good, breaking its list's reference cycles (every run points at its
-        neighbours), so that reference counting frees the runs at once when the engine is dropped:
-        left to the cyclic garbage collector, a tier store of 650,000 runs took 1.6 s to collect.
-        Called once a replay has written its outputs (engine/run.py)."""
-        head = self.head
-        seg = head.next
-        while seg is not head:
-            after = seg.next
-            seg.prev = head
-            seg.next = head
-            seg = after
-        head.prev = head
-        head.next = head
-        self.groups = {}
+        """Empty the store for good (RunList.release says why). Called once a replay has written its
+        outputs (engine/run.py)."""
+        super().release()
         self.pins = {}
         self.size = 0
 
-    # -- linked list and group index -----------------------------------------------------------
-    def _overlapping(self, group: int, lo: int, hi: int) -> list[_Seg]:
-        """Segments of ``group`` holding keys in [lo, hi], by ascending ``lo``."""
-        lst = self.groups.get(group)
-        if not lst:
-            return []
-        i = bisect_right(lst, hi, key=_lo)
-        out: list[_Seg] = []
-        while i > 0 and lst[i - 1].hi >= lo:
-            i -= 1
-            out.append(lst[i])
-        out.reverse()
-        return out
-
-    def _unlink(self, seg: _Seg) -> None:
-        seg.prev.next = seg.next
-        seg.next.prev = seg.prev
-        lst = self.groups[seg.group]
-        if len(lst) == 1:
-            del self.groups[seg.group]
-        else:
-            del lst[bisect_right(lst, seg.lo, key=_lo) - 1]
-
-    def _link_after(self, seg: _Seg, where: _Seg) -> None:
-        seg.prev = where
-        seg.next = where.next
-        where.next.prev = seg
-        where.next = seg
-        lst = self.groups.get(seg.group)
-        if lst is None:
-            self.groups[seg.group] = [seg]
-        else:
-            insort(lst, seg, key=_lo)
-
-    def _cut(self, seg: _Seg, i0: int, i1: int) -> None:
-        """Remove LRU positions i0..i1-1 of ``seg``; what is left keeps its place in the LRU."""
-        rng = seg.rng
-        before, after = rng[:i0], rng[i1:]
-        if before and after:
-            seg.set(before)  # shrinking keeps the group's order by lo
-            self._link_after(_Seg(after, seg.batch, seg.group), seg)
-        elif before:
-            seg.set(before)
-        elif after:
-            seg.set(after)
-        else:
-            self._unlink(seg)
-
-    def _append(self, rng: range, batch: int, group: int) -> None:
-        """Put ``rng`` (LRU order) at the tail, extending the tail run when it continues it."""
-        tail = self.head.prev
-        if tail is not self.head and tail.group == group and tail.batch == batch:
-            t = tail.rng
-            d = rng[0] - t[-1]
-            if (d == self.stride or d == -self.stride) and (len(t) == 1 or t.step == d) and (
-                    len(rng) == 1 or rng.step == d):
-                tail.set(range(t[0], rng[-1] + d, d))  # contiguous keys: no other run in between
-                return
-        self._link_after(_Seg(rng, batch, group), tail)
-
-    def _move_to_tail(self, lru_rng: range, new_batch: int | None) -> None:
-        """Move the held keys of ``lru_rng`` to the tail in its order; with ``new_batch``, add the
-        missing ones there too (written by that batch)."""
-        group = key_group(lru_rng[0])
-        a, b = lru_rng[0], lru_rng[-1]
-        lo, hi = (a, b) if a <= b else (b, a)
-        lst = self.groups.get(group)
-        if lst is not None and len(lst) == 1:
-            seg = lst[0]
-            if seg.lo == lo and seg.hi == hi:
-                # The common case (a trace block held whole, as one run): relink that run at the
-                # tail in the new order. The general path below would cut it out and append a new
-                # one there; no other run of its group exists to merge with, so the result is the same.
-                tail = self.head.prev
-                if seg is not tail:
-                    seg.prev.next = seg.next
-                    seg.next.prev = seg.prev
-                    seg.prev = tail
-                    seg.next = self.head
-                    tail.next = seg
-                    self.head.prev = seg
-                seg.rng = lru_rng
-                return
-        segs = self._overlapping(group, lo, hi)
-        if not segs:
-            if new_batch is not None:
-                self._append(lru_rng, new_batch, group)
-            return
-        pieces: list[tuple[int, int, int]] = []
-        for seg in segs:
-            plo = seg.lo if seg.lo > lo else lo
-            phi = seg.hi if seg.hi < hi else hi
-            i0, i1 = seg.index(plo), seg.index(phi)
-            if i0 > i1:
-                i0, i1 = i1, i0
-            pieces.append((plo, phi, seg.batch))
-            self._cut(seg, i0, i1 + 1)
-        step = lru_rng.step
-        if step < 0:
-            pieces.reverse()
-        pos = a
-        for plo, phi, batch in pieces:
-            first, last = (plo, phi) if step > 0 else (phi, plo)
-            if first != pos and new_batch is not None:
-                self._append(range(pos, first, step), new_batch, group)
-            self._append(range(first, last + step, step), batch, group)
-            pos = last + step
-        if new_batch is not None and pos != b + step:
-            self._append(range(pos, b + step, step), new_batch, group)
-
     # -- operations ----------------------------------------------------------------------------
-    def _held(self, lst: list[_Seg], run: range) -> int:
+    def _held(self, lst: list[Segment], run: range) -> int:
         """How many keys of ``run`` the runs of its group (``lst``) hold."""
         a, b = run[0], run[-1]
         lo, hi = (a, b) if a <= b else (b, a)
@@ -287,7 +102,7 @@ class RunLRUStore:
             out.setdefault(key_group(r[0]), []).append(self._interval(r))
         return out
 
-    def _evictable(self, seg: _Seg, intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    def _evictable(self, seg: Segment, intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """LRU position ranges of ``seg`` outside the given key intervals, least recent first."""
         n = len(seg.rng)
         cuts: list[tuple[int, int]] = []
@@ -308,10 +123,10 @@ class RunLRUStore:
         return out
 
     def _plan_evictions(self, needed: int, ready_below: int,
-                        protected: list[range] | None) -> list[tuple[_Seg, list[tuple[int, int]]]] | None:
+                        protected: list[range] | None) -> list[tuple[Segment, list[tuple[int, int]]]] | None:
         pins = self.pins
         mine = self._protected(protected) if protected else None
-        plan: list[tuple[_Seg, list[tuple[int, int]]]] = []
+        plan: list[tuple[Segment, list[tuple[int, int]]]] = []
         seg = self.head.next
         while seg is not self.head:
             if seg.batch < ready_below:

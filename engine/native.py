@@ -31,6 +31,7 @@ NATIVE_MODULES = (
     "replay.engine.scheduler",
     "replay.engine.decode_window",
     "replay.engine.key_lru_store",
+    "replay.engine.run_list",
     "replay.engine.cpu_store",
     "replay.engine.offload",
     "replay.engine.row_runs",
