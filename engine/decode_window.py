@@ -294,6 +294,12 @@ class _DecodeWindow:
             # allocations, before its stores), which moves its held keys to the LRU tail; only a step
             # that follows stores can change anything, so the window replays the lookup then.
             if sched.waiting and nrun < lim.max_num_seqs and lim.max_num_batched_tokens > nrun:
+                # Its lookup is skipped (HIT_PENDING) when it meets a block whose copy is in flight,
+                # and whether it does changes as copies complete and as the window's allocations
+                # evict the head's GPU hits: no window while a copy is in flight, and the window
+                # ends after a step that starts one.
+                if offload.copies_in_flight(times[0]):
+                    return 0
                 head = sched.waiting.peek()
                 head_local = kv.get_computed_blocks(head)[1]
                 events.append((0, _LOOKUP, -1))
@@ -323,7 +329,11 @@ class _DecodeWindow:
                 continue
             heapq.heappop(events)
             if kind == _LOOKUP:
-                offload.get_num_new_matched_tokens(head, head_local, times[s])
+                if offload.get_num_new_matched_tokens(head, head_local, times[s]) < 0:
+                    # the head's prefix is still being copied: the scheduler skips it at step s and
+                    # may admit a request behind it, which a window cannot
+                    limit = s
+                    break
                 continue
             storing.append(pos)  # prepared after this step's allocations, with the step's tokens
             if events and events[0][0] == s:
@@ -347,6 +357,9 @@ class _DecodeWindow:
                 bytes_stored.set(s, stored)
             cpu_blocks_used.set(s, cpu_used)
             if head is not None:
+                if stored:
+                    limit = s + 1  # a copy is in flight from now on (see above)
+                    break
                 heapq.heappush(events, (s + 1, _LOOKUP, -1))
         return limit
 

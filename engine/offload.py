@@ -24,6 +24,7 @@ import heapq
 import math
 from bisect import bisect_right
 from operator import itemgetter
+from typing import Final
 
 from replay.base.errors import ConfigError
 from replay.engine.block_keys import key_group
@@ -35,6 +36,10 @@ from replay.engine.kv_tiers import TierChain
 from replay.engine.request import Request
 
 _first_key = itemgetter(0)
+# get_num_new_matched_tokens: the lookup met a block whose copy is still in flight (vLLM's
+# HIT_PENDING); the scheduler skips the request this step
+LOOKUP_DEFERRED: Final = -1
+_ANY_BATCH: Final = 1 << 62  # count_ready's bound that counts every held key, written or not
 
 
 class OffloadManager:
@@ -86,6 +91,7 @@ class OffloadManager:
         self._deferred_free: list[tuple[float, int, Request]] = []
         self._loads: list[tuple[float, int]] = []  # (ready time, request idx) of loads in flight
         self.loading: dict[int, Request] = {}  # requests whose load is in flight or not yet taken up
+        self.lookup_wait_ms = math.inf  # when a copy a deferred lookup waits for completes
         self._step_stored = 0
         self._step_loaded = 0
         self.total_stored_blocks = 0
@@ -102,6 +108,10 @@ class OffloadManager:
     def _first_unready_batch(self, now_ms: float) -> int:
         """Batches below this id have completed their copies by ``now_ms``."""
         return bisect_right(self.batch_done, now_ms)
+
+    def copies_in_flight(self, now_ms: float) -> bool:
+        """Whether a store's copy has not completed by ``now_ms`` (a lookup may meet it)."""
+        return bool(self.batch_done) and self.batch_done[-1] > now_ms
 
     def prepare_stores(self, scheduled: list[Request], now_ms: float) -> None:
         store = self.store
@@ -190,7 +200,8 @@ class OffloadManager:
 
         Touches every stored key of the request (prefix heads most recent), then counts
         consecutive complete CPU blocks from the first GPU miss; less than one offload block
-        of gain loads nothing.
+        of gain loads nothing. LOOKUP_DEFERRED when the block after them is stored but its copy
+        is still in flight (vLLM's HIT_PENDING): the scheduler then skips the request this step.
         """
         bs = self.block_size
         known = r.num_tokens
@@ -213,14 +224,25 @@ class OffloadManager:
             # recomputing if more copies completed.
             if memo[1] == ready_below and memo[2] == start:
                 hits = memo[3]
+                pending = memo[7]
             else:
                 hits = store.count_ready(runs, start, ready_below)
+                pending = start + hits < num_blocks and store.count_ready(runs, start + hits, _ANY_BATCH) > 0
         else:
             store.touch(runs, groups)
             self.version += 1
             hits = store.count_ready(runs, start, ready_below)
-        r.lookup_memo = (self.version, ready_below, start, hits, num_blocks, runs, groups)
+            pending = start + hits < num_blocks and store.count_ready(runs, start + hits, _ANY_BATCH) > 0
+        r.lookup_memo = (self.version, ready_below, start, hits, num_blocks, runs, groups, pending)
         r.load_keys = []
+        if pending:
+            # vLLM 0.33: the block after the ready hits is stored but its copy has not completed
+            # (HIT_PENDING), so _maximal_prefix_lookup returns None and the scheduler skips the
+            # request this step; it is looked up again at the next one. An idle replica wakes when
+            # the earliest copy in flight completes.
+            if ready_below < len(self.batch_done) and self.batch_done[ready_below] < self.lookup_wait_ms:
+                self.lookup_wait_ms = self.batch_done[ready_below]
+            return LOOKUP_DEFERRED
         end = start + hits
         if self.lower is not None and end < num_blocks:
             self.lower.apply(now_ms)
@@ -390,11 +412,15 @@ class OffloadManager:
         loads = self._loads
         while loads and loads[0][0] <= now_ms:
             heapq.heappop(loads)
+        if self.lookup_wait_ms <= now_ms:
+            self.lookup_wait_ms = math.inf
 
     def next_event_ms(self) -> float:
         t = self._deferred_free[0][0] if self._deferred_free else math.inf
         if self._loads and self._loads[0][0] < t:
             t = self._loads[0][0]
+        if self.lookup_wait_ms < t:
+            t = self.lookup_wait_ms
         return t
 
     def step_stats(self) -> tuple[int, int, int, float]:

@@ -87,7 +87,7 @@ class Request:
         self.run_first_step = 0
         self.run_steps = 0
         self.run_tokens = 0
-        self.lookup_memo: tuple | None = None  # G2: (store version, ready bound, start, hits, blocks, key runs, their groups) of the last lookup
+        self.lookup_memo: tuple | None = None  # G2: (store version, ready bound, start, hits, blocks, key runs, their groups, a copy pending) of the last lookup
 
     @property
     def num_tokens(self) -> int:

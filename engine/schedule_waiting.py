@@ -93,6 +93,9 @@ class WaitingAdmission:
                     num_external = r.num_prompt_tokens - num_local
                 elif offload is not None:
                     num_external = offload.get_num_new_matched_tokens(r, num_local, now_ms)
+                    if num_external < 0:  # a block of its prefix is still being copied (HIT_PENDING)
+                        skipped.append(waiting.pop())  # vLLM: skipped this step, looked up again next
+                        continue
             num_computed = r.num_computed_tokens + num_local + num_external
             known = r.num_prompt_tokens + r.num_output_tokens
             reserve = lim.watermark_blocks if running else 0  # vLLM: only when others are scheduled

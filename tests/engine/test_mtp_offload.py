@@ -194,12 +194,20 @@ def test_generated_blocks_are_stored_only_without_offload_prompt_only(tmp_path, 
     assert reqs.loc["r1", "cpu_hit_tokens"] == 31
 
 
-def test_offload_incomplete_store_is_not_loadable(tmp_path):
-    # Same A; B arrives at 20 ms, before A's stores complete (40 ms): no CPU hit, full recompute.
+def test_a_lookup_that_meets_a_copy_in_flight_waits_for_it(tmp_path):
+    # Same A; B arrives at 20 ms, before A's stores complete (40 ms). vLLM 0.33's CPU manager answers
+    # HIT_PENDING for A's first block, _maximal_prefix_lookup returns None, and the scheduler skips B
+    # (it computes nothing meanwhile). The replica, idle, wakes when the copy completes (40 ms): B's
+    # lookup then finds the 3 blocks, a full hit, loads 47 tokens over 30 ms (40 -> 70) and is
+    # scheduled at 70 ms for the last token (done at 80).
     rows = [dict(input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3]),
             dict(arrival_ms=20, input_tokens=48, output_tokens=1, hash_ids=[1, 2, 3])]
-    reqs, _, _ = run_offload(rows, tmp_path, caching=False)
-    assert reqs.loc["r1", "cpu_hit_tokens"] == 0
+    reqs, steps, info = run_offload(rows, tmp_path, caching=False)
+    b = reqs.loc["r1"]
+    assert b.cpu_hit_tokens == 47 and b.cached_tokens == 0
+    assert b.first_scheduled_ms == 70.0 and b.load_wait_ms == 30.0 and b.finish_ms == 80.0
+    assert steps.start_ms.tolist() == [0.0, 70.0]  # nothing is computed while B waits
+    assert info["totals"]["cpu_blocks_loaded"] == 3
 
 
 def test_finished_request_keeps_gpu_blocks_until_stores_complete(tmp_path):
