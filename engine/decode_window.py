@@ -27,11 +27,12 @@ prompt block is stored; a finish whose own stores are still in flight defers its
 update_from_output does), and the step ends no later than the next event (which must not see the
 finishes early: the router reads running counts and free blocks). A waiting queue does not stop
 it: the step's own schedule() still finds the queue blocked (nobody has finished before it), and
-what the finish frees is first used by the next step, which goes through the scheduler. The window then does what update_from_output does at that step's end:
-the requests finish in running order and their blocks are freed; the step's row counts the
-requests still running. Otherwise the finishing step goes through the scheduler, as before. This
-halves the steps that need the scheduler both in a fleet of mostly idle replicas and on an
-overloaded replica (there each request's last step and the admission after it did).
+what the finish frees is first used by the next step, which goes through the scheduler. The window
+then does what update_from_output does at that step's end: the requests finish in running order
+and their blocks are freed; the step's row counts the requests still running. Otherwise the
+finishing step goes through the scheduler, as before. This halves the steps that need the
+scheduler both in a fleet of mostly idle replicas and on an overloaded replica (there each
+request's last step and the admission after it did).
 """
 
 from __future__ import annotations

@@ -227,12 +227,12 @@ class OffloadManager:
                 pending = memo[7]
             else:
                 hits = store.count_ready(runs, start, ready_below)
-                pending = start + hits < num_blocks and store.count_ready(runs, start + hits, _ANY_BATCH) > 0
+                pending = self._copy_pending(runs, start + hits, num_blocks)
         else:
             store.touch(runs, groups)
             self.version += 1
             hits = store.count_ready(runs, start, ready_below)
-            pending = start + hits < num_blocks and store.count_ready(runs, start + hits, _ANY_BATCH) > 0
+            pending = self._copy_pending(runs, start + hits, num_blocks)
         r.lookup_memo = (self.version, ready_below, start, hits, num_blocks, runs, groups, pending)
         r.load_keys = []
         if pending:
@@ -256,6 +256,10 @@ class OffloadManager:
             ext = known - 1 - num_local  # a full hit recomputes the last token
         r.load_keys = runs_slice(runs, start, start + hits)
         return ext
+
+    def _copy_pending(self, runs: list[range], pos: int, num_blocks: int) -> bool:
+        """Whether the key at offload block ``pos`` (the first not ready) is stored, its copy in flight."""
+        return pos < num_blocks and self.store.count_ready(runs, pos, _ANY_BATCH) > 0
 
     def start_load(self, r: Request, num_local: int, num_external: int, now_ms: float) -> None:
         done = now_ms
