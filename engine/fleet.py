@@ -25,8 +25,6 @@ from bisect import insort
 from collections.abc import Callable
 from typing import Protocol
 
-import numpy as np
-
 from replay.engine.arrivals import ArrivalPlan
 from replay.engine.block_keys import BlockKeys
 from replay.engine.core import DYNAMIC, OPEN, EngineCore
@@ -35,7 +33,8 @@ from replay.engine.recorder import Recorder
 from replay.engine.replica_view import ReplicaView
 from replay.engine.request import Request
 from replay.engine.routers.base import Router
-from replay.engine.trace_input import TraceArrays, shared_lead_within
+from replay.engine.trace_ids import shared_lead_within
+from replay.engine.trace_input import TraceArrays
 
 ProgressFn = Callable[[float, int], None]
 
@@ -110,12 +109,11 @@ class FleetLoop(ReplicaBounds):
         self.first_token_routers: list[Router] = []  # routers told of every first token
         self.hear_first_tokens(router)
         # Leading ids another request could hit, per row: counted within each replica's own rows
-        # when the routing is known in advance (engine/trace_input.shared_lead_within).
+        # when the routing is known in advance (engine/trace_ids.shared_lead_within).
         self._shared_lead = trace.shared_lead
         targets = self._targets_in_advance()
         if targets is not None:
-            self._shared_lead = shared_lead_within(np.asarray(trace.hash_values, dtype=np.uint64),
-                                                   trace.hash_offsets, targets)
+            self._shared_lead = shared_lead_within(trace.hash_values, trace.hash_offsets, targets)
 
     # -- arrivals ------------------------------------------------------------------------------------
     def _push_dynamic(self, ready_ms: float, idx: int) -> None:

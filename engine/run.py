@@ -200,24 +200,76 @@ def replay_end_ms(recorder: Recorder, selected: np.ndarray) -> float:
     return float(values.max()) if len(values) else 0.0
 
 
-def store_trace(table: pa.Table, meta: TraceMetadata, trace_path: str | Path | None, outdir: str | Path,
-                tmp: Path) -> Path:
+def store_trace(prepared: PreparedTrace, outdir: str | Path, tmp: Path) -> Path:
     """Where run.json points for the replayed trace: a canonical Parquet input stays where it is;
     any other input is written (canonical, with its metadata) into the output directory."""
-    if trace_path is not None and Path(trace_path).suffix == ".parquet" and meta is not None:
-        return Path(trace_path).resolve()
+    if prepared.table is None:
+        assert prepared.trace_path is not None
+        return Path(prepared.trace_path).resolve()
+    table, meta = prepared.table, prepared.meta
     metadata = {**(table.schema.metadata or {}), **meta.to_parquet_metadata()}
     pq.write_table(table.replace_schema_metadata(metadata), tmp / "trace.parquet", compression="zstd", **CHECKSUMS)
     return Path(outdir).resolve() / "trace.parquet"
 
 
+@dataclass
+class PreparedTrace:
+    """A trace made ready for the engine, so that a caller can let its Arrow table go before the
+    replay (at 10 M requests the table is 1.7 GB beside the engine's 1.5 GB of columns): the
+    fingerprint run.json records, the engine's columns, the rows to replay. ``table`` is kept only
+    where the replay still reads it: an input that is not a canonical Parquet file (stored with the
+    outputs) and a fleet of clusters (handed to its workers)."""
+
+    meta: TraceMetadata
+    fingerprint: str
+    arrays: TraceArrays
+    requests: ReplayedRequests
+    table: pa.Table | None
+    trace_path: str | Path | None
+    prepare_s: float  # the replay's wall time counts its preparation
+
+
+@without_collector
+def prepare_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, setup: EngineSetup, *,
+                  trace_path: str | Path | None = None, on_error: str = "fail") -> PreparedTrace:
+    """Fingerprint ``table``, build the engine's columns and choose the rows to replay (an
+    unreplayable row is an error unless ``on_error`` is ``skip``)."""
+    start = time.perf_counter()
+    # First, while the engine holds nothing: the fingerprint combines the trace into one copy for a while.
+    fingerprint = trace_fingerprint(table)
+    arrays = trace_arrays(table, meta.hash_block_size)
+    requests = select_requests(arrays, config, setup, on_error=on_error, trace_path=trace_path)
+    in_place = trace_path is not None and Path(trace_path).suffix == ".parquet" and meta is not None
+    clustered = config.fleet is not None and config.fleet.clusters > 1
+    return PreparedTrace(meta=meta, fingerprint=fingerprint, arrays=arrays, requests=requests,
+                         table=table if clustered or not in_place else None, trace_path=trace_path,
+                         prepare_s=time.perf_counter() - start)
+
+
 @without_collector
 def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, outdir: str | Path, *,
                  trace_path: str | Path | None = None, config_source: str | None = None,
-                 config_path: str | Path | None = None, on_error: str = "fail", overwrite: bool = True, progress: ProgressFn | None = None,
-                 check_invariants: bool = False, setup: EngineSetup | None = None,
-                 fast_forward: bool = True, ray_address: str | None = None, workers: int = 1) -> RunSummary:
+                 config_path: str | Path | None = None, on_error: str = "fail", overwrite: bool = True,
+                 progress: ProgressFn | None = None, check_invariants: bool = False,
+                 setup: EngineSetup | None = None, fast_forward: bool = True, ray_address: str | None = None,
+                 workers: int = 1) -> RunSummary:
     """Replay ``table`` under ``config`` into ``outdir``; nothing is written unless the run completes.
+    ``prepare_trace`` then ``replay_prepared`` (see both), for a caller that keeps the table anyway; the
+    CLI calls the two itself, letting the table go between them."""
+    setup = setup or resolve_setup(config)
+    prepared = prepare_trace(table, meta, config, setup, trace_path=trace_path, on_error=on_error)
+    return replay_prepared(prepared, config, outdir, config_source=config_source, config_path=config_path,
+                           overwrite=overwrite, progress=progress, check_invariants=check_invariants,
+                           setup=setup, fast_forward=fast_forward, ray_address=ray_address, workers=workers)
+
+
+@without_collector
+def replay_prepared(prepared: PreparedTrace, config: EngineConfig, outdir: str | Path, *,
+                    config_source: str | None = None, config_path: str | Path | None = None,
+                    overwrite: bool = True, progress: ProgressFn | None = None,
+                    check_invariants: bool = False, setup: EngineSetup | None = None,
+                    fast_forward: bool = True, ray_address: str | None = None, workers: int = 1) -> RunSummary:
+    """Replay a prepared trace under ``config`` (the config it was prepared with) into ``outdir``.
 
     ``fast_forward=False`` steps through decode-only runs one step at a time (same bytes, slower:
     kept for the equivalence test). ``config_path``: the YAML file the config came from, an input
@@ -225,17 +277,15 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
     of clusters replays each cluster as a Ray task; ``workers`` > 1: in up to that many local
     processes (the same outputs as without either).
     """
-    wall_start = time.perf_counter()
+    wall_start = time.perf_counter() - prepared.prepare_s
     setup = setup or resolve_setup(config)
-    # First, while the engine holds nothing: the fingerprint combines the trace into one copy for a while.
-    fingerprint = trace_fingerprint(table)
-    trace = trace_arrays(table, meta.hash_block_size)
-    requests = select_requests(trace, config, setup, on_error=on_error, trace_path=trace_path)
+    trace, requests, meta, trace_path = prepared.arrays, prepared.requests, prepared.meta, prepared.trace_path
+    fingerprint = prepared.fingerprint
     if ray_address is not None and workers > 1:
         raise ConfigError("--ray and --workers are two ways to spread the clusters: give one")
     if config.fleet is not None and config.fleet.clusters > 1:
-        return _replay_clustered(table, meta, config, outdir, trace, setup, requests, wall_start, fingerprint,
-                                 trace_path=trace_path, config_source=config_source, config_path=config_path,
+        return _replay_clustered(prepared, config, outdir, setup, wall_start,
+                                 config_source=config_source, config_path=config_path,
                                  overwrite=overwrite, check_invariants=check_invariants, ray_address=ray_address,
                                  workers=workers)
     if ray_address is not None:
@@ -280,7 +330,7 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
         elif disaggregated and pool_scaled:
             write_scaling(sorted((r for sc in pool_scaled.values() for r in sc.rows),
                                  key=lambda r: (r.time_ms, r.pool != "prefill")), tmp)
-        trace_file = store_trace(table, meta, trace_path, outdir, tmp)
+        trace_file = store_trace(prepared, outdir, tmp)
         wall_time_s = round(time.perf_counter() - wall_start, 3)
         facts = ReplayFacts(config=config, config_source=config_source, setup=setup, fingerprint=fingerprint,
                             meta=meta, trace=trace, trace_file=trace_file, selected=requests.selected,
@@ -305,17 +355,17 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
     return RunSummary(outdir=Path(outdir), run_info=info)
 
 
-def _replay_clustered(table: pa.Table, meta: TraceMetadata, config: EngineConfig, outdir: str | Path,
-                      trace: TraceArrays, setup: EngineSetup, requests: ReplayedRequests, wall_start: float,
-                      fingerprint: str, *,
-                      trace_path: str | Path | None, config_source: str | None,
+def _replay_clustered(prepared: PreparedTrace, config: EngineConfig, outdir: str | Path, setup: EngineSetup,
+                      wall_start: float, *, config_source: str | None,
                       config_path: str | Path | None, overwrite: bool, check_invariants: bool,
                       ray_address: str | None, workers: int) -> RunSummary:
     """A fleet of clusters (engine/clusters.py): each cluster replayed on its own (here, in local
     processes or on Ray), the outputs merged (engine/cluster_merge.py), one run.json over the whole
     fleet."""
     fleet = config.fleet
-    assert fleet is not None
+    assert fleet is not None and prepared.table is not None
+    trace, requests, meta, trace_path = prepared.arrays, prepared.requests, prepared.meta, prepared.trace_path
+    fingerprint, table = prepared.fingerprint, prepared.table
     plan = plan_arrivals(trace, config.load, config.seed, requests.selected)
     cluster_of = assign_clusters(trace, plan, fleet.clusters, fleet.global_router, config.seed)
     plans = split_plan(plan, cluster_of, requests.rejected, fleet.clusters, fleet.replicas // fleet.clusters)
@@ -328,7 +378,7 @@ def _replay_clustered(table: pa.Table, meta: TraceMetadata, config: EngineConfig
         merge_outputs([work / f"cluster-{cp.cluster}" for cp in plans], [r.rows for r in results],
                       [cp.replica_offset for cp in plans], tmp)
         shutil.rmtree(work)
-        trace_file = store_trace(table, meta, trace_path, outdir, tmp)
+        trace_file = store_trace(prepared, outdir, tmp)
         replicas = [rep for r in results for rep in r.replicas]
         facts = ReplayFacts(config=config, config_source=config_source, setup=setup,
                             fingerprint=fingerprint, meta=meta, trace=trace, trace_file=trace_file,

@@ -153,15 +153,16 @@ def _check_unique_ids(table: pa.Table, where: _Where) -> None:
 def _check_hash_ids(table: pa.Table, bs: int | None, where: _Where, *, fit: bool) -> None:
     if "hash_ids" not in table.column_names:
         return
-    ids = table.column("hash_ids").combine_chunks()
-    if isinstance(ids, pa.ChunkedArray):  # no rows
+    ids = table.column("hash_ids")  # chunk by chunk: a combined copy would double the trace's ids
+    if not table.num_rows:
         return
-    lens = pc.list_value_length(ids).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    valid = np.asarray(ids.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-    flat = pc.list_flatten(ids)
-    if flat.null_count:
+    lens = pc.list_value_length(ids).fill_null(0).to_numpy().astype(np.int64)
+    valid = np.asarray(ids.is_valid().to_numpy(), dtype=bool)
+    if any(pc.list_flatten(chunk).null_count for chunk in ids.chunks):
+        whole = ids.combine_chunks()  # only on the way to an error
+        flat = pc.list_flatten(whole)
         has_null = np.zeros(table.num_rows, dtype=bool)
-        parents = pc.list_parent_indices(ids).to_numpy()
+        parents = pc.list_parent_indices(whole).to_numpy()
         has_null[parents[np.asarray(flat.is_null().to_numpy(zero_copy_only=False), dtype=bool)]] = True
         where.refuse(has_null, "hash_ids", lambda i: "null inside hash_ids (every id must be an integer)")
     if bs is None:

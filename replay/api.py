@@ -20,7 +20,8 @@ from replay.base.files import require_regular_file
 from replay.engine.config import EngineConfig, load_config, validate_config
 from replay.engine.fleet import ProgressFn
 from replay.engine.output_schema import REQUESTS_FILE, STEPS_FILE
-from replay.engine.run import replay_trace
+from replay.engine.run import prepare_trace, replay_prepared
+from replay.engine.run_setup import resolve_setup
 from replay.ingest.schema import TraceMetadata, is_canonical_trace, read_trace
 
 if TYPE_CHECKING:  # pandas costs half a second to import: only the result accessors need it
@@ -84,7 +85,8 @@ def run(trace: str | Path, config: EngineConfig | str | Path | dict | None = Non
         outdir = Path(tempfile.mkdtemp(prefix="replay-")) / "out"
     progress_fn = progress if callable(progress) else None
     config_path = config if isinstance(config, (str, Path)) else None
-    summary = replay_trace(table, meta, cfg, outdir, trace_path=trace, config_source=source,
-                           config_path=config_path, on_error=on_error, overwrite=overwrite, progress=progress_fn,
-                           check_invariants=check_invariants)
+    prepared = prepare_trace(table, meta, cfg, resolve_setup(cfg), trace_path=trace, on_error=on_error)
+    del table  # the engine has its own columns now
+    summary = replay_prepared(prepared, cfg, outdir, config_source=source, config_path=config_path,
+                              overwrite=overwrite, progress=progress_fn, check_invariants=check_invariants)
     return RunResult(outdir=Path(summary.outdir), info=summary.run_info)

@@ -19,7 +19,7 @@ from replay.engine.block_keys import BlockKeys
 from replay.engine.config import EngineConfig
 from replay.engine.request import Request
 from replay.engine.scheduler_factory import build_scheduler
-from replay.engine.trace_input import chained_ids, is_chained, shared_lead
+from replay.engine.trace_ids import chained_ids, is_chained, shared_lead
 
 MAX_STEPS = 200_000
 MAX_MODEL_LEN = 131072  # as the vLLM driver (Llama-3.1-8B max_position_embeddings)
@@ -56,7 +56,7 @@ def run_replay(w: Workload, rows: list[dict], models_root: Path) -> Tables:
     offsets[1:] = np.cumsum(lengths)
     flat = np.array([h for x in inputs for h in x["hash_ids"]], dtype=np.uint64)
     if not is_chained(flat, offsets):
-        flat = chained_ids(flat, offsets)  # as engine/trace_input.py does at load
+        flat = chained_ids(flat, offsets)  # as engine/trace_input.py does at load (engine/trace_ids.py)
     lead = shared_lead(flat, offsets)
     values = flat.tolist()
     for x in inputs:

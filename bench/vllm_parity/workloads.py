@@ -135,7 +135,7 @@ def per_block_ids(rows: list[dict], modulus: int = 97) -> list[list[int]]:
     Position 0 keeps its id (shared system prompts stay shared); later ids are folded modulo a
     small number, so a block's content repeats across unrelated prompts. vLLM chains
     H(parent, block) and so shares a block only after an equal prefix; the replay must chain the
-    ids at load to do the same (engine/trace_input.py: chained_ids).
+    ids at load to do the same (engine/trace_ids.py: chained_ids).
     """
     out = []
     for r in rows:

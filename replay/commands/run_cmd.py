@@ -13,8 +13,9 @@ from replay.commands._common import console, user_errors
 
 
 def _release_memory() -> None:
-    """Before the summary: collect the engine's reference cycles and hand the pages Arrow's allocator
-    keeps for reuse back to the system, so the summary's queries do not stack on the replay's peak."""
+    """Collect reference cycles and hand the pages Arrow's allocator keeps for reuse back to the
+    system: once the trace's table is let go (the replay then holds the engine's columns only), and
+    before the summary, so that its queries do not stack on the replay's peak."""
     import gc
 
     import pyarrow as pa
@@ -46,7 +47,7 @@ def run(
         if on_error not in ("fail", "skip"):
             raise typer.BadParameter("--on-error takes fail or skip")
         cfg, source = resolve_config(config, set_)
-        from replay.engine.run import config_input_files, replay_trace
+        from replay.engine.run import config_input_files, prepare_trace, replay_prepared
 
         # Fail before the long part: never onto the trace, the config or a file the config names.
         check_output_dir(outdir, overwrite=overwrite, inputs=[trace, *config_input_files(cfg, config)])
@@ -57,10 +58,13 @@ def run(
         table, meta = load_any_trace(trace, **options)
         total = cfg.load.max_requests and min(cfg.load.max_requests, table.num_rows) or table.num_rows
         started = time.perf_counter()
+        prepared = prepare_trace(table, meta, cfg, setup, trace_path=trace, on_error=on_error)
+        del table  # the engine has its own columns now (kept in `prepared` only where the replay reads it)
+        _release_memory()
         if quiet:
-            summary = replay_trace(table, meta, cfg, outdir, trace_path=trace, config_source=source, config_path=config,
-                                   on_error=on_error, overwrite=overwrite, check_invariants=check, setup=setup,
-                                   ray_address=ray, workers=workers)
+            summary = replay_prepared(prepared, cfg, outdir, config_source=source, config_path=config,
+                                      overwrite=overwrite, check_invariants=check, setup=setup,
+                                      ray_address=ray, workers=workers)
         else:
             columns = (TextColumn("[bold]replay[/]"), BarColumn(), MofNCompleteColumn(),
                        TextColumn("requests · sim {task.fields[sim]}"), TimeElapsedColumn())
@@ -70,14 +74,14 @@ def run(
                 def progress(sim_ms: float, done: int) -> None:
                     bar.update(task, completed=done, sim=f"{sim_ms / 1000:,.1f} s")
 
-                summary = replay_trace(table, meta, cfg, outdir, trace_path=trace, config_source=source, config_path=config,
-                                       on_error=on_error, overwrite=overwrite, progress=progress,
-                                       check_invariants=check, setup=setup, ray_address=ray, workers=workers)
+                summary = replay_prepared(prepared, cfg, outdir, config_source=source, config_path=config,
+                                          overwrite=overwrite, progress=progress, check_invariants=check,
+                                          setup=setup, ray_address=ray, workers=workers)
         wall = time.perf_counter() - started
         if not quiet:
             from replay.run_summary import print_run_summary
 
-            del table  # the summary reads the run's files: give the engine's memory back first
+            del prepared  # the summary reads the run's files: give the engine's memory back first
             _release_memory()
             print_run_summary(summary.outdir, summary.run_info, wall, console)
 

@@ -109,3 +109,29 @@ def test_unknown_semantics_version_is_named():
 
     with pytest.raises(ConfigError, match="semantics"):
         load_config(None, ["semantics=0.2"])
+
+
+def test_a_prepared_trace_keeps_its_table_only_where_the_replay_reads_it(small_trace, tmp_path):
+    """The CLI lets the trace's table go once the engine's columns are built, unless the replay still
+    reads it: to store a non-canonical input beside the outputs, or to hand a fleet's clusters to
+    their workers. The same outputs either way as replay_trace, which keeps the table."""
+    from replay.api import load_any_trace, resolve_config
+    from replay.engine.run import prepare_trace, replay_prepared, replay_trace
+    from replay.engine.run_setup import resolve_setup
+
+    cfg, _ = resolve_config(None, ["load.max_requests=40"])
+    setup = resolve_setup(cfg)
+    table, meta = load_any_trace(small_trace)
+    prepared = prepare_trace(table, meta, cfg, setup, trace_path=small_trace)
+    assert prepared.table is None and len(prepared.requests.selected) == 40
+    raw = ROOT / "sample_traces" / "azure_code.csv"
+    assert prepare_trace(*load_any_trace(raw), cfg, setup, trace_path=raw).table is not None
+    clustered, _ = resolve_config(None, ["fleet.replicas=2", "fleet.clusters=2"])
+    assert prepare_trace(table, meta, clustered, resolve_setup(clustered), trace_path=small_trace).table is table
+
+    replay_prepared(prepared, cfg, tmp_path / "a", setup=setup)
+    replay_trace(table, meta, cfg, tmp_path / "b", trace_path=small_trace)
+    for name in ("requests.parquet", "chunks.parquet", "steps.parquet"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    a, b = (json.loads((tmp_path / d / "run.json").read_text()) for d in "ab")
+    assert a["trace"] == b["trace"] and a["totals"] == b["totals"]

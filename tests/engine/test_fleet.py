@@ -299,10 +299,10 @@ def _pair_rows(n: int, seed: int) -> list[dict]:
 @pytest.mark.parametrize("router", ["round_robin", "random", "session_affinity"])
 def test_blocks_shared_only_with_other_replicas_are_private_and_change_nothing(tmp_path, monkeypatch, router):
     """With routing known in advance, a row's ids shared only with rows served elsewhere name blocks
-    nobody on its replica can hit (engine/trace_input.shared_lead_within): they are kept out of the
+    nobody on its replica can hit (engine/trace_ids.shared_lead_within): they are kept out of the
     prefix-cache map like any private block. The outputs must be those of counting every row."""
     import replay.engine.fleet as fleet_module
-    from replay.engine.trace_input import shared_lead, shared_lead_within
+    from replay.engine.trace_ids import shared_lead, shared_lead_within
 
     table, meta = make_trace(_pair_rows(200, 5))
     data = {"scheduler": {"max_num_batched_tokens": 96}, "fleet": {"replicas": 2, "router": router}}
@@ -325,7 +325,7 @@ def test_blocks_shared_only_with_other_replicas_are_private_and_change_nothing(t
 
 
 def test_shared_lead_within_counts_only_rows_of_the_same_group():
-    from replay.engine.trace_input import shared_lead_within
+    from replay.engine.trace_ids import shared_lead_within
 
     # rows: [1,2] [1,2,3] [1,9] [4] ; groups 0, 1, 0, -1
     flat = np.array([1, 2, 1, 2, 3, 1, 9, 4], dtype=np.uint64)

@@ -98,7 +98,7 @@ def test_run_store_and_private_blocks_change_nothing(tmp_path, mooncake_trace, m
 
 
 def test_shared_lead_counts_leading_ids_seen_in_other_rows():
-    from replay.engine.trace_input import shared_lead
+    from replay.engine.trace_ids import shared_lead
 
     rows = [[1, 2, 3], [1, 2, 4], [5], [], [1, 9], [7, 7, 8]]
     flat = np.array([i for r in rows for i in r], dtype=np.uint64)
@@ -146,7 +146,7 @@ def test_unchained_ids_are_chained_and_fast_paths_match(tmp_path, monkeypatch, b
 
 
 def test_chaining_of_hash_ids():
-    from replay.engine.trace_input import chained_ids, is_chained
+    from replay.engine.trace_ids import chained_ids, is_chained
 
     def flat(rows):
         return (np.array([i for r in rows for i in r], dtype=np.uint64),

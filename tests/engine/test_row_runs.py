@@ -204,3 +204,20 @@ def test_recorder_row_groups_never_depend_on_batching(tmp_path, monkeypatch, emi
     assert _file_runs(tmp_path / "chunks.parquet") == expected_runs
     assert steps.read()["step"].to_pylist() == list(range(step))
     assert rec.num_chunks == sum(n for *_, n, _ in expected_runs) and rec.num_steps == step
+
+
+def test_requests_file_is_written_one_row_group_at_a_time(tmp_path, monkeypatch) -> None:
+    """requests.parquet is built a row group at a time (the whole table at once held every column of
+    every request) and is byte for byte the file one write of the whole table gives."""
+    monkeypatch.setattr(recorder_module, "_ROW_GROUP", 2)
+    rec, reqs = _recorder(tmp_path, 5)
+    for k, r in enumerate(reqs):
+        r.first_token_ms, r.finish_ms, r.num_output_tokens = 1.0 + k, 2.0 + k, 5
+        rec.request_finished(r)
+    rec.close()
+    written = pq.ParquetFile(tmp_path / "requests.parquet")
+    assert [written.metadata.row_group(i).num_rows for i in range(written.num_row_groups)] == [2, 2, 1]
+    assert written.read()["finish_ms"].to_pylist() == [2.0, 3.0, 4.0, 5.0, 6.0]
+    pq.write_table(rec._requests_table(np.arange(5)), tmp_path / "whole.parquet", row_group_size=2,
+                   **recorder_module._PARQUET_OPTS)
+    assert (tmp_path / "whole.parquet").read_bytes() == (tmp_path / "requests.parquet").read_bytes()
