@@ -283,17 +283,16 @@ class BlockHashToBlockMap:
                 return n_hit
             blocks = table.blocks
             end = i + n
-            # every slot filled, or none of these empty: the whole slice
-            if end <= len(blocks) and (table.num_filled == len(blocks) or count_equal(blocks, i, end, 0) == 0):
-                if out is not None:
-                    out += blocks[i:end]
-                n_hit += n
-                continue
-            stop = end if end < len(blocks) else len(blocks)
-            j = i
-            while j < stop and blocks[j]:
-                j += 1
+            if end <= len(blocks) and table.num_filled == len(blocks):  # every slot filled: the whole slice
+                j = end
+            else:  # up to the first empty slot (one scan: counting the empty ones first cost a second)
+                stop = end if end < len(blocks) else len(blocks)
+                j = i
+                while j < stop and blocks[j]:
+                    j += 1
             if out is not None:
                 out += blocks[i:j]
-            return n_hit + j - i
+            n_hit += j - i
+            if j < end:
+                return n_hit
         return n_hit

@@ -405,6 +405,12 @@ class BlockPool:
         check_pool_invariants(self, in_use_keys, holders)
 
 
+def cached_prefix_lens(pools: list[BlockPool], runs: list[range]) -> list[int]:
+    """``cached_prefix_len(runs)`` of each pool, in one compiled loop: a router asks every replica
+    at every arrival (64 calls through the interpreter each arrival on a 64-replica fleet)."""
+    return [pool.cached_block_hash_to_block.cached_prefix_len(runs) for pool in pools]
+
+
 def any_in_groups(keys: list[int], groups: set[int]) -> bool:
     """Whether any of ``keys`` is in one of the key ``groups`` (BlockKeys.key_group)."""
     for key in keys:

@@ -21,7 +21,7 @@ Answers:
   ``BlockKeys.key_runs`` gives them) the replica's GPU prefix cache holds now: the blocks a request
   with those keys would find cached if it were scheduled here at once (vLLM additionally recomputes
   the last token, so a full hit on the whole prompt gives back one block; that is the engine's
-  business, not the router's).
+  business, not the router's). ``prefix_hit_blocks_of(views, runs)`` asks every view at once.
 
 - ``tier_hit_tokens(req, gpu_hit_tokens, now_ms)``: per KV tier after the GPU (G2 as ``host`` first, then
   ``kv_cache.tiers``), the tokens a lookup of ``req`` would take from it now, continuing a GPU hit of
@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from operator import attrgetter
 from typing import TYPE_CHECKING
+
+from replay.engine.block_pool import cached_prefix_lens
 
 if TYPE_CHECKING:
     from replay.engine.core import EngineCore
@@ -105,3 +107,12 @@ class ReplicaView:
     def __repr__(self) -> str:
         return (f"ReplicaView(replica={self._core.replica}, waiting={self.num_waiting}, "
                 f"running={self.num_running}, free_blocks={self.num_free_blocks}/{self._usable})")
+
+
+def prefix_hit_blocks_of(replicas: list[ReplicaView], runs: list[range]) -> list[int]:
+    """``prefix_hit_blocks(runs)`` of every replica in ``replicas``, in order: one compiled loop over
+    their prefix caches, for a router that asks every replica at every arrival. Any other object with
+    this interface (a test's stand-in) is asked through its method."""
+    if all(type(view) is ReplicaView for view in replicas):
+        return cached_prefix_lens([view._pool for view in replicas], runs)
+    return [view.prefix_hit_blocks(runs) for view in replicas]

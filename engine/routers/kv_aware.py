@@ -34,7 +34,7 @@ import math
 from collections import deque
 from itertools import takewhile
 
-from replay.engine.replica_view import ReplicaView
+from replay.engine.replica_view import ReplicaView, prefix_hit_blocks_of
 from replay.engine.request import Request
 from replay.engine.routers.base import Router, RouterContext
 
@@ -200,9 +200,13 @@ class KvAwareRouter(Router):
         isl = req.num_prompt_tokens
         costs: list[float] = []
         new_tokens: list[int] = []
+        # Every replica is asked at every arrival: its prefix cache in one compiled pass, and a request's
+        # active blocks checked at the first run before walking them (most replicas hold none).
+        overlaps = prefix_hit_blocks_of(replicas, runs) if self.kv_events else None
+        first = prompt_runs[0] if prompt_runs else None
         for pos, view in enumerate(replicas):
             w = view.replica
-            overlap = self._overlap(pos, replicas, keys, runs, now_ms)
+            overlap = overlaps[pos] if overlaps is not None else self._overlap(pos, replicas, keys, runs, now_ms)
             new = isl - overlap * bs
             if self.tier_weights:  # Dynamo's overlap credit for hits in host and disk tiers
                 tiers = view.tier_hit_tokens(req, overlap * bs, now_ms)
@@ -210,7 +214,12 @@ class KvAwareRouter(Router):
             if new < 0:
                 new = 0
             active = self.active[w]
-            decode_blocks = num_blocks - active.held_prefix(prompt_runs) + active.num_blocks
+            held = 0
+            if first is not None:
+                held = active.longest.get(first.start, 0)
+                if held >= len(first):
+                    held = active.held_prefix(prompt_runs)
+            decode_blocks = num_blocks - held + active.num_blocks
             costs.append(self.weight * (new + self.prefill_tokens[w]) / bs + decode_blocks)
             new_tokens.append(new)
         pos = self._pick_min(costs) if self.temperature <= 0 else self._sample(costs)

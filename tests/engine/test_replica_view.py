@@ -81,6 +81,11 @@ def test_prefix_hits(fleet):
     # Chained ids: block 2 names its whole prefix, so [9, 2] shares nothing with [1, 2].
     assert [v.prefix_hit_blocks(_runs([9, 2])) for v in fleet] == [0, 0]
     assert [v.prefix_hit_blocks([]) for v in fleet] == [0, 0]
+    # Every replica at once (what the routers ask at each arrival) answers the same.
+    from replay.engine.replica_view import prefix_hit_blocks_of
+
+    for ids in ([1, 2, 3, 9], [1, 2, 3, 4, 5], [1], [9, 2], []):
+        assert prefix_hit_blocks_of(list(fleet), _runs(ids)) == [v.prefix_hit_blocks(_runs(ids)) for v in fleet]
 
 
 def test_the_view_is_read_only_and_hands_out_no_engine_object(fleet):
