@@ -203,10 +203,11 @@ def replay_end_ms(recorder: Recorder, selected: np.ndarray) -> float:
 def store_trace(prepared: PreparedTrace, outdir: str | Path, tmp: Path) -> Path:
     """Where run.json points for the replayed trace: a canonical Parquet input stays where it is;
     any other input is written (canonical, with its metadata) into the output directory."""
-    if prepared.table is None:
+    if prepared.in_place:
         assert prepared.trace_path is not None
         return Path(prepared.trace_path).resolve()
     table, meta = prepared.table, prepared.meta
+    assert table is not None
     metadata = {**(table.schema.metadata or {}), **meta.to_parquet_metadata()}
     pq.write_table(table.replace_schema_metadata(metadata), tmp / "trace.parquet", compression="zstd", **CHECKSUMS)
     return Path(outdir).resolve() / "trace.parquet"
@@ -226,6 +227,7 @@ class PreparedTrace:
     requests: ReplayedRequests
     table: pa.Table | None
     trace_path: str | Path | None
+    in_place: bool  # the input is a canonical Parquet file, which run.json names (else stored with the outputs)
     prepare_s: float  # the replay's wall time counts its preparation
 
 
@@ -243,7 +245,7 @@ def prepare_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, se
     clustered = config.fleet is not None and config.fleet.clusters > 1
     return PreparedTrace(meta=meta, fingerprint=fingerprint, arrays=arrays, requests=requests,
                          table=table if clustered or not in_place else None, trace_path=trace_path,
-                         prepare_s=time.perf_counter() - start)
+                         in_place=in_place, prepare_s=time.perf_counter() - start)
 
 
 @without_collector

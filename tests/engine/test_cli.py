@@ -126,8 +126,11 @@ def test_a_prepared_trace_keeps_its_table_only_where_the_replay_reads_it(small_t
     assert prepared.table is None and len(prepared.requests.selected) == 40
     raw = ROOT / "sample_traces" / "azure_code.csv"
     assert prepare_trace(*load_any_trace(raw), cfg, setup, trace_path=raw).table is not None
-    clustered, _ = resolve_config(None, ["fleet.replicas=2", "fleet.clusters=2"])
-    assert prepare_trace(table, meta, clustered, resolve_setup(clustered), trace_path=small_trace).table is table
+    clustered, _ = resolve_config(None, ["fleet.replicas=2", "fleet.clusters=2", "load.max_requests=40"])
+    kept = prepare_trace(table, meta, clustered, resolve_setup(clustered), trace_path=small_trace)
+    assert kept.table is table
+    replay_prepared(kept, clustered, tmp_path / "clustered")
+    assert not (tmp_path / "clustered" / "trace.parquet").exists()  # a canonical input is named, not copied
 
     replay_prepared(prepared, cfg, tmp_path / "a", setup=setup)
     replay_trace(table, meta, cfg, tmp_path / "b", trace_path=small_trace)
