@@ -296,3 +296,58 @@ class BlockHashToBlockMap:
             if j < end:
                 return n_hit
         return n_hit
+
+
+def cached_prefix_lens_of(maps: list[BlockHashToBlockMap], runs: list[range]) -> list[int]:
+    """``cached_prefix_len(runs)`` of each map. A router asks every replica at every arrival, so each
+    trace-named run's (table id, first slot) is computed once for all the maps (they share the block
+    size) and each map only looks its tables up. Maps of another block size walk on their own."""
+    if not maps:
+        return []
+    bs = maps[0].block_size
+    slots: list[tuple[int, int, int]] = []  # (table id, first slot, length); table id -1: runs[first slot]
+    for r, rng in enumerate(runs):
+        n = len(rng)
+        if n == 0:
+            continue
+        k0 = rng[0]
+        if k0 < 0 or rng.step != bs:  # keys unique to a request (or unaligned): looked up one by one
+            slots.append((-1, r, n))
+            continue
+        tid, i = maps[0].slot_of(k0)
+        slots.append((tid, i, n))
+    out: list[int] = []
+    for m in maps:
+        if m.block_size != bs:
+            out.append(m.cached_prefix_len(runs))
+            continue
+        tables = m.tables
+        n_hit = 0
+        for tid, i, n in slots:
+            if tid < 0:
+                j = 0
+                for key in runs[i]:
+                    if m.get_one_block(key) is None:
+                        break
+                    j += 1
+                n_hit += j
+                if j < n:
+                    break
+                continue
+            table = tables.get(tid)
+            if table is None:
+                break
+            blocks = table.blocks
+            end = i + n
+            if end <= len(blocks) and table.num_filled == len(blocks):
+                n_hit += n
+                continue
+            stop = end if end < len(blocks) else len(blocks)
+            j = i
+            while j < stop and blocks[j]:
+                j += 1
+            n_hit += j - i
+            if j < end:
+                break
+        out.append(n_hit)
+    return out

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from replay.engine.block_hash_map import BlockHashToBlockMap, SlotTable, count_equal
+from replay.engine.block_hash_map import BlockHashToBlockMap, SlotTable, cached_prefix_lens_of, count_equal
 from replay.engine.block_keys import key_group
 from replay.engine.block_pool_checks import PoolInvariantError, check_pool_invariants
 from replay.engine.block_pool_free import free_registered
@@ -408,7 +408,7 @@ class BlockPool:
 def cached_prefix_lens(pools: list[BlockPool], runs: list[range]) -> list[int]:
     """``cached_prefix_len(runs)`` of each pool, in one compiled loop: a router asks every replica
     at every arrival (64 calls through the interpreter each arrival on a 64-replica fleet)."""
-    return [pool.cached_block_hash_to_block.cached_prefix_len(runs) for pool in pools]
+    return cached_prefix_lens_of([pool.cached_block_hash_to_block for pool in pools], runs)
 
 
 def any_in_groups(keys: list[int], groups: set[int]) -> bool:

@@ -6,7 +6,7 @@ key at offset o of trace id g lives in table g * 4 + o % 4, slot o // 4.
 
 from __future__ import annotations
 
-from replay.engine.block_hash_map import BlockHashToBlockMap, count_equal
+from replay.engine.block_hash_map import BlockHashToBlockMap, cached_prefix_lens_of, count_equal
 from replay.engine.block_keys import ID_STRIDE
 
 
@@ -110,3 +110,35 @@ def test_a_further_copy_takes_over_a_slot_with_its_count_or_run_id():
     hash_map.insert(-3, 4)
     hash_map.replace_first_copy(-3, 6, 0, 0)
     assert hash_map.unique == {-3: 6}
+
+
+def test_many_maps_answer_as_each_walks_alone():
+    """cached_prefix_lens_of (a router asking every replica) gives each map's own prefix count, on
+    random fills and evictions, for runs across trace blocks, partial runs and unique keys."""
+    import random
+
+    rng = random.Random(5)
+    for _ in range(60):
+        maps = [BlockHashToBlockMap(4) for _ in range(4)]
+        block = 1
+        for m in maps:
+            for _ in range(rng.randrange(6)):
+                g, first = rng.randrange(3), 4 * rng.randrange(4)
+                last = first + 4 * rng.randrange(4)
+                run = _run(g, first, last)
+                m.insert_all(list(range(block, block + len(run))), [run])
+                block += len(run)
+            if rng.random() < 0.5:  # a key unique to one request, cached here
+                m.insert(-3, block)
+                block += 1
+            for _ in range(rng.randrange(3)):
+                key = _key(rng.randrange(3), 4 * rng.randrange(7))
+                if m.get_one_block(key) is not None:
+                    m.pop(key)
+        for _ in range(10):
+            runs = [_run(g, 4 * a, 4 * (a + rng.randrange(4))) for g, a in
+                    ((rng.randrange(3), rng.randrange(4)) for _ in range(rng.randrange(1, 4)))]
+            if rng.random() < 0.4:
+                runs.insert(rng.randrange(len(runs) + 1), range(-3, -4, -1))
+            assert cached_prefix_lens_of(maps, runs) == [m.cached_prefix_len(runs) for m in maps]
+            assert cached_prefix_lens_of(maps, runs) == [len(m.cached_prefix(runs)) for m in maps]
