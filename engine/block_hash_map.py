@@ -43,6 +43,13 @@ def count_equal(values: list[int], lo: int, hi: int, x: int) -> int:
     return n
 
 
+def key_slot(key: int, block_size: int) -> tuple[int, int]:
+    """(table id, slot index) of a trace-named key (key >= 0) in a map of ``block_size``."""
+    g = key // ID_STRIDE
+    off = key - g * ID_STRIDE
+    return g * block_size + off % block_size, off // block_size
+
+
 @final
 class SlotTable:
     """The keys of one trace block that share an offset mod the block size: slot i is the key at
@@ -88,10 +95,7 @@ class BlockHashToBlockMap:
 
     def slot_of(self, key: int) -> tuple[int, int]:
         """(table id, slot index) of a trace-named key (key >= 0); one-to-one."""
-        bs = self.block_size
-        g = key // ID_STRIDE
-        off = key - g * ID_STRIDE
-        return g * bs + off % bs, off // bs
+        return key_slot(key, self.block_size)
 
     def get_one_block(self, key: int) -> int | None:
         """The first cached copy of ``key``, or None."""
@@ -260,16 +264,16 @@ class BlockHashToBlockMap:
     def _walk_prefix(self, runs: list[range], out: list[int] | None) -> int:
         """How many leading keys of ``runs`` are mapped; their first cached copies are appended to
         ``out`` when it is a list."""
+        return self.walk_slots(runs, run_slots(runs, self.block_size), out)
+
+    def walk_slots(self, runs: list[range], slots: list[tuple[int, int, int]], out: list[int] | None) -> int:
+        """``_walk_prefix`` with the runs' slots (``run_slots``) computed already: a router asking
+        every replica computes them once for all of them."""
         n_hit = 0
         tables = self.tables
-        bs = self.block_size
-        for rng in runs:
-            n = len(rng)
-            if n == 0:
-                continue
-            k0 = rng[0]
-            if k0 < 0 or rng.step != bs:
-                for key in rng:
+        for tid, i, n in slots:
+            if tid < 0:  # keys unique to a request, or unaligned: one by one
+                for key in runs[i]:
                     b = self.get_one_block(key)
                     if b is None:
                         return n_hit
@@ -277,7 +281,6 @@ class BlockHashToBlockMap:
                         out.append(b)
                     n_hit += 1
                 continue
-            tid, i = self.slot_of(k0)
             table = tables.get(tid)
             if table is None:
                 return n_hit
@@ -298,56 +301,30 @@ class BlockHashToBlockMap:
         return n_hit
 
 
-def cached_prefix_lens_of(maps: list[BlockHashToBlockMap], runs: list[range]) -> list[int]:
-    """``cached_prefix_len(runs)`` of each map. A router asks every replica at every arrival, so each
-    trace-named run's (table id, first slot) is computed once for all the maps (they share the block
-    size) and each map only looks its tables up. Maps of another block size walk on their own."""
-    if not maps:
-        return []
-    bs = maps[0].block_size
-    slots: list[tuple[int, int, int]] = []  # (table id, first slot, length); table id -1: runs[first slot]
+def run_slots(runs: list[range], block_size: int) -> list[tuple[int, int, int]]:
+    """Where a prefix walk finds each non-empty run of ``runs`` (BlockKeys.key_runs): (table id, first
+    slot, length) for a trace block's run, or (-1, its index in ``runs``, length) for keys unique to a
+    request (or not a trace block's step), which are looked up one by one. The same for every map of
+    ``block_size`` (``key_slot``)."""
+    slots: list[tuple[int, int, int]] = []
     for r, rng in enumerate(runs):
         n = len(rng)
         if n == 0:
             continue
         k0 = rng[0]
-        if k0 < 0 or rng.step != bs:  # keys unique to a request (or unaligned): looked up one by one
+        if k0 < 0 or rng.step != block_size:
             slots.append((-1, r, n))
             continue
-        tid, i = maps[0].slot_of(k0)
+        tid, i = key_slot(k0, block_size)
         slots.append((tid, i, n))
-    out: list[int] = []
-    for m in maps:
-        if m.block_size != bs:
-            out.append(m.cached_prefix_len(runs))
-            continue
-        tables = m.tables
-        n_hit = 0
-        for tid, i, n in slots:
-            if tid < 0:
-                j = 0
-                for key in runs[i]:
-                    if m.get_one_block(key) is None:
-                        break
-                    j += 1
-                n_hit += j
-                if j < n:
-                    break
-                continue
-            table = tables.get(tid)
-            if table is None:
-                break
-            blocks = table.blocks
-            end = i + n
-            if end <= len(blocks) and table.num_filled == len(blocks):
-                n_hit += n
-                continue
-            stop = end if end < len(blocks) else len(blocks)
-            j = i
-            while j < stop and blocks[j]:
-                j += 1
-            n_hit += j - i
-            if j < end:
-                break
-        out.append(n_hit)
-    return out
+    return slots
+
+
+def cached_prefix_lens_of(maps: list[BlockHashToBlockMap], runs: list[range]) -> list[int]:
+    """``cached_prefix_len(runs)`` of each map. A router asks every replica at every arrival, so the
+    runs' slots are computed once for all the maps that share the first one's block size."""
+    if not maps:
+        return []
+    bs = maps[0].block_size
+    slots = run_slots(runs, bs)
+    return [m.walk_slots(runs, slots, None) if m.block_size == bs else m.cached_prefix_len(runs) for m in maps]
