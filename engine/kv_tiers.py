@@ -365,3 +365,27 @@ class TierChain:
     def forget(self, idx: int) -> None:
         self._memo.pop(idx, None)
         self._loads.pop(idx, None)
+
+
+def hit_tokens_per_tier(loaded: list[int], num_local: int, num_external: int, block_size: int) -> list[int]:
+    """The tokens a request's first admission took from each tier (chain order, G2 first when
+    present), given the tokens of whole offload blocks each ``loaded``: less the GPU hit's share of
+    the first offload block (``num_local`` past a block boundary), taken from the first tier with a
+    hit, and less what ``num_external`` leaves out (the recomputed last token of a full hit), taken
+    from the last tiers first."""
+    tokens = list(loaded)
+    extra = sum(tokens) - num_external
+    align = num_local - (num_local // block_size) * block_size
+    for i in range(len(tokens)):  # the GPU's share: from the first tier with a hit
+        if tokens[i]:
+            cut = min(align, tokens[i])
+            tokens[i] -= cut
+            extra -= cut
+            break
+    for i in range(len(tokens) - 1, -1, -1):  # the recomputed last token: from the last
+        if extra <= 0:
+            break
+        cut = min(extra, tokens[i])
+        tokens[i] -= cut
+        extra -= cut
+    return tokens

@@ -32,7 +32,7 @@ from replay.engine.config import HostOffloadConfig
 from replay.engine.cpu_store import RunLRUStore, runs_len, runs_slice
 from replay.engine.key_lru_store import KeyLRUStore
 from replay.engine.kv_cache_manager import KVCacheManager
-from replay.engine.kv_tiers import TierChain
+from replay.engine.kv_tiers import TierChain, hit_tokens_per_tier
 from replay.engine.request import Request
 
 _first_key = itemgetter(0)
@@ -305,31 +305,16 @@ class OffloadManager:
         return (start + blocks) * bs - num_local, blocks * self.block_bytes, done
 
     def _record_tier_hits(self, r: Request, num_local: int, num_external: int, parts: list) -> None:
-        """Hit tokens per tier at first admission (G2 first when present): each part's blocks, less
-        the GPU hit's share of the first offload block and the recomputed last token of a full hit."""
+        """Hit tokens per tier at first admission (G2 first when present), from the blocks each
+        loaded (kv_tiers.hit_tokens_per_tier)."""
         lower = self.lower
         assert lower is not None
         bs = self.block_size
-        host = self.has_host
-        tokens = [runs_len(r.load_keys) * bs] if host else []
-        tokens += [0] * len(lower.tiers)
-        off = 1 if host else 0
+        off = 1 if self.has_host else 0
+        loaded = ([runs_len(r.load_keys) * bs] if self.has_host else []) + [0] * len(lower.tiers)
         for p in parts:
-            tokens[off + p.tier] += p.blocks * bs
-        extra = sum(tokens) - num_external
-        align = num_local - (num_local // bs) * bs
-        for i in range(len(tokens)):  # the GPU's share: from the first tier with a hit
-            if tokens[i]:
-                cut = min(align, tokens[i])
-                tokens[i] -= cut
-                extra -= cut
-                break
-        for i in range(len(tokens) - 1, -1, -1):  # the recomputed last token: from the last
-            if extra <= 0:
-                break
-            cut = min(extra, tokens[i])
-            tokens[i] -= cut
-            extra -= cut
+            loaded[off + p.tier] += p.blocks * bs
+        tokens = hit_tokens_per_tier(loaded, num_local, num_external, bs)
         r.tier_hit_tokens = tokens
         for i, tier in enumerate(lower.tiers):
             tier.hit_tokens += tokens[off + i]

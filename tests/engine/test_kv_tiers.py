@@ -377,3 +377,13 @@ def test_replay_leaves_the_collector_as_it_found_it_and_no_store_garbage(tmp_pat
         assert gc.collect() < 1500
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_hit_tokens_per_tier_by_hand():
+    """Host loaded 2 offload blocks of 16 tokens, disk 4; the GPU hit 8 tokens into the first one and
+    the full hit recomputes its last token: the GPU's 8 come off host, the last token off disk."""
+    from replay.engine.kv_tiers import hit_tokens_per_tier
+
+    assert hit_tokens_per_tier([32, 64], 8, 87, 16) == [24, 63]
+    assert hit_tokens_per_tier([0, 48], 0, 48, 16) == [0, 48]  # nothing in host: all from disk
+    assert hit_tokens_per_tier([16, 0], 16, 15, 16) == [15, 0]  # GPU hit on a boundary: no share to give
