@@ -365,7 +365,10 @@ def _replay_clustered(prepared: PreparedTrace, config: EngineConfig, outdir: str
     processes or on Ray), the outputs merged (engine/cluster_merge.py), one run.json over the whole
     fleet."""
     fleet = config.fleet
-    assert fleet is not None and prepared.table is not None
+    assert fleet is not None
+    if prepared.table is None:
+        raise ConfigError("this trace was prepared for a fleet without clusters, which lets its table go: "
+                          "prepare it (prepare_trace) with the clustered config it is replayed with")
     trace, requests, meta, trace_path = prepared.arrays, prepared.requests, prepared.meta, prepared.trace_path
     fingerprint, table = prepared.fingerprint, prepared.table
     plan = plan_arrivals(trace, config.load, config.seed, requests.selected)

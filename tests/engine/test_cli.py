@@ -132,6 +132,11 @@ def test_a_prepared_trace_keeps_its_table_only_where_the_replay_reads_it(small_t
     replay_prepared(kept, clustered, tmp_path / "clustered")
     assert not (tmp_path / "clustered" / "trace.parquet").exists()  # a canonical input is named, not copied
 
+    from replay.base.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="prepared for a fleet without clusters"):
+        replay_prepared(prepared, clustered, tmp_path / "wrong")
+    assert not (tmp_path / "wrong").exists()
     replay_prepared(prepared, cfg, tmp_path / "a", setup=setup)
     replay_trace(table, meta, cfg, tmp_path / "b", trace_path=small_trace)
     for name in ("requests.parquet", "chunks.parquet", "steps.parquet"):
