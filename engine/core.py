@@ -8,7 +8,10 @@ start, its tokens and finishes from its end, as in vLLM.
 
 A replica never runs ahead of an instant that could concern it: a decode window stops at the
 horizon the fleet gives it (the next arrival that may be routed here, its own G2 events, and the
-earliest time another replica could release a closed-loop turn).
+earliest time another replica could release a closed-loop turn). When the fleet says so
+(``lazy_windows``), a window instead stays open past other replicas' arrivals
+(engine/decode_window.py, ``OpenDecodeWindow``): the fleet brings it to each arrival's instant
+(``sync_open_windows``) before its router reads anything, and ``complete`` closes it at its end.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from collections.abc import Callable
 
 from replay.base.errors import ReplayError
 from replay.engine.block_pool_checks import PoolInvariantError
-from replay.engine.decode_window import DecodeWindowReplica, DecodeWindowStart, run_decode_window
+from replay.engine.decode_window import (DecodeWindowReplica, DecodeWindowStart, OpenDecodeWindow, open_decode_window,
+                                         run_decode_window)
 from replay.engine.recorder import Recorder
 from replay.engine.request import Request
 from replay.engine.row_runs import StepRow
@@ -66,6 +70,10 @@ class EngineCore:
         self.finish_is_quiet: Callable[[Request], bool] | None = None
         # Who hears of first tokens (routers that count a request as prefill load until then).
         self.on_first_token: Callable[[Request], None] | None = None
+        # Decode windows stay open past other replicas' arrivals (set by the fleet loop, which then
+        # syncs them before routing); the window open now, closed by complete().
+        self.lazy_windows = False
+        self.open_window: OpenDecodeWindow | None = None
         self.wake_ms = math.inf  # time of this replica's live entry in the fleet's event heap
         self.version = 0  # bumps when that entry is superseded (older heap entries are then ignored)
 
@@ -133,21 +141,18 @@ class EngineCore:
         if self.ff_ok:
             on_finished = self.on_finished
             finished: list[Request] | None = [] if on_finished is not None else None
-            window = run_decode_window(self.windows, DecodeWindowStart(now, horizon(self), self.step_idx, finished,
-                                                                       self.finish_is_quiet))
-            end = window.end_ms
-            taken = window.num_steps
-            if taken:
-                self.step_idx += taken
-                self.busy_ms += end - now
-                self.now = end
-                if finished and on_finished is not None:
-                    for r in finished:
-                        self.rec.request_finished(r)
-                        on_finished(r, end, self)
-                if self.check_invariants:
-                    self.check(None)
-                return end, False
+            opened = None
+            if self.lazy_windows:
+                opened = open_decode_window(self.windows, DecodeWindowStart(
+                    now, self.own_next_event_ms(), self.step_idx, finished, self.finish_is_quiet))
+                if isinstance(opened, OpenDecodeWindow):
+                    self.open_window = opened
+                    return opened.end_ms, True  # complete() closes it
+            if opened is None:
+                window = run_decode_window(self.windows, DecodeWindowStart(
+                    now, horizon(self), self.step_idx, finished, self.finish_is_quiet))
+                if window.num_steps:
+                    return self._took_window(now, window.end_ms, window.num_steps, finished), False
         out = sched.schedule(now)
         self.schedule_calls += 1
         if out.total_tokens == 0:
@@ -173,8 +178,29 @@ class EngineCore:
         self.now = end
         return end, True
 
+    def _took_window(self, start_ms: float, end_ms: float, num_steps: int, finished: list[Request] | None) -> float:
+        """A decode window took ``num_steps`` steps from ``start_ms`` to ``end_ms``, and its last
+        step finished ``finished`` (already freed): tell the recorder and the fleet."""
+        self.step_idx += num_steps
+        self.busy_ms += end_ms - start_ms
+        self.now = end_ms
+        on_finished = self.on_finished
+        if finished and on_finished is not None:
+            for r in finished:
+                self.rec.request_finished(r)
+                on_finished(r, end_ms, self)
+        if self.check_invariants:
+            self.check(None)
+        return end_ms
+
     def complete(self, on_finished: Callable[[Request, float, EngineCore], None]) -> float:
-        """Apply the step in flight at its end; returns that end (the replica acts again then)."""
+        """Apply the step in flight at its end, or close the open decode window; returns that end
+        (the replica acts again then)."""
+        window = self.open_window
+        if window is not None:
+            self.open_window = None
+            result = window.close()
+            return self._took_window(window.start.now, result.end_ms, result.num_steps, window.start.finished)
         pending = self.pending
         if pending is None:
             raise RuntimeError(f"replica {self.replica}: complete() with no step in flight")
@@ -269,3 +295,12 @@ class EngineCore:
             self.kv_pool.check_invariants(in_use_keys, holders)
         except (PoolInvariantError, AssertionError) as exc:
             raise InvariantError(f"replica {self.replica}: KV block invariant failed: {exc}") from None
+
+
+def sync_open_windows(cores: list[EngineCore], now_ms: float) -> None:
+    """Bring every replica's open decode window to ``now_ms``: the allocations of its steps that
+    start before then are made, so what a router reads of any replica at ``now_ms`` is exact."""
+    for core in cores:
+        window = core.open_window
+        if window is not None and window.next_ms < now_ms:
+            window.sync(now_ms)

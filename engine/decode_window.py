@@ -33,11 +33,22 @@ and their blocks are freed; the step's row counts the requests still running. Ot
 finishing step goes through the scheduler, as before. This halves the steps that need the
 scheduler both in a fleet of mostly idle replicas and on an overloaded replica (there each
 request's last step and the admission after it did).
+
+In a fleet whose router reads every replica at every arrival, a window bounded by the next arrival
+would be cut at every arrival to any replica: with 64 replicas, nearly every window would be one
+step long, and each would pay a window's setup and its rows. There the window stays open instead
+(``OpenDecodeWindow``): it is decided up to the replica's own next event, and only its block
+allocations, the one thing in it a router could see, are replayed as the fleet's clock passes them,
+before every routing decision. A request routed to the replica ends the window where a window with
+that arrival as its horizon would have ended. The window may not stay open when its allocations
+could run the pool dry, or with a G2 tier (its stores and lookups are events of their own); it then
+ends at the next arrival as before.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_left
 from collections.abc import Callable
 from itertools import accumulate, islice, repeat
@@ -166,6 +177,119 @@ def run_decode_window(replica: DecodeWindowReplica, start: DecodeWindowStart) ->
     return DecodeWindowResult(times[s], s)
 
 
+class OpenDecodeWindow:
+    """A decode window that stays open while other replicas' arrivals pass (see the module doc).
+
+    Its steps, times and end are fixed when it opens; its allocations, the only thing in it another
+    replica's router could see (they evict cached blocks and take free ones), are replayed only as
+    far as the fleet's clock: ``sync(t)`` before anyone reads the replica at ``t``. A request routed
+    here ends it at the first step that starts at or after the request reaches the engine
+    (``truncate``); ``close`` does what the end of a window does (the finishes, the rows)."""
+
+    __slots__ = ("replica", "start", "window", "first_finish", "num_steps", "end_ms", "next_ms")
+
+    def __init__(self, replica: DecodeWindowReplica, start: DecodeWindowStart, window: _DecodeWindow,
+                 first_finish: int, num_steps: int) -> None:
+        self.replica = replica
+        self.start = start
+        self.window = window
+        self.first_finish = first_finish  # the window step that finishes requests (m)
+        self.num_steps = num_steps
+        self.end_ms = window.clock.times[num_steps]
+        self.next_ms = 0.0  # start time of the first step whose allocations are not replayed yet
+        self._set_next()
+
+    def _set_next(self) -> None:
+        events = self.window.events
+        s = events[0][0] if events else _NEVER
+        self.next_ms = self.window.clock.times[s] if s < self.num_steps else math.inf
+
+    def sync(self, now_ms: float) -> None:
+        """Replay the allocations of the steps that start before ``now_ms``."""
+        self.window.replay_until(now_ms, self.num_steps)
+        self._set_next()
+
+    def truncate(self, ready_ms: float) -> float:
+        """A request reaches this replica at ``ready_ms``: the window ends at the first step that
+        starts then or later, and a finishing step that would end after it leaves the window (as a
+        window that met the arrival as its horizon would have ended). Returns the window's end."""
+        times = self.window.clock.times
+        s = bisect_left(times, ready_ms, 0, self.num_steps)
+        m = self.first_finish
+        if s > m and times[s] > ready_ms:
+            s = m
+        if s < self.num_steps:
+            if s == 0:
+                raise RuntimeError("a request reached a replica at the instant its decode window opened")
+            self.num_steps = s
+            self.end_ms = times[s]
+            self._set_next()
+        return self.end_ms
+
+    def close(self) -> DecodeWindowResult:
+        """Take the window's steps: the rest of its allocations, the blocks decoding filled, the
+        finishes of its last step (when it is the finishing one) and the rows."""
+        window = self.window
+        s = self.num_steps
+        window.replay_until(math.inf, s)
+        window.advance(s)
+        finished = self.start.finished
+        num_running_after = window.nrun
+        end_ms = window.clock.times[s]
+        if s > self.first_finish and finished is not None:
+            num_running_after -= window.finish(end_ms, self.first_finish, finished)
+        window.record(self.replica, self.start.first_step, s, num_running_after)
+        return DecodeWindowResult(end_ms, s)
+
+
+def open_decode_window(replica: DecodeWindowReplica, start: DecodeWindowStart) -> OpenDecodeWindow | DecodeWindowResult | None:
+    """Open a window of the decode-only steps that follow ``start.now`` up to the replica's own next
+    event (``start.next_event_ms``), to stay open while other replicas' arrivals pass.
+
+    Returns a DecodeWindowResult of no steps when no window can start (the scheduler takes the next
+    step), and None when one can but may not stay open: the replica has a G2 tier, or the window's
+    allocations would run the pool dry (that step needs the scheduler, which may preempt, at an
+    instant found only by replaying them); run_decode_window then takes it up to the next arrival."""
+    sched = replica.sched
+    running = sched.running
+    nrun = len(running)
+    now = start.now
+    if not nrun or nrun > sched.limits.max_num_batched_tokens:
+        return DecodeWindowResult(now, 0)
+    m = _first_finish_step(running, sched.limits.max_model_len)
+    if m < replica.min_steps or not sched.waiting_is_blocked():
+        return DecodeWindowResult(now, 0)
+    if sched.offload is not None:
+        return None
+    finished = start.finished
+    absorb = finished is not None and _finish_joins_window(sched, m, start.finish_is_quiet)
+    run = replica.decode_run(nrun) if replica.decode_run is not None else None
+    cap = m + 1 if absorb else m
+    clock = _StepClock(now, running, cap, run, replica.step_ms)
+    horizon = start.next_event_ms
+    clock.fill(cap, horizon)
+    times = clock.times
+    s = bisect_left(times, horizon, 0, min(cap, len(clock.durations)))
+    if s > m and times[s] > horizon:
+        s = m
+    if s == 0:
+        return DecodeWindowResult(now, 0)
+    # Allocations of steps 0 .. s-1: each request takes a block every block_size steps from its
+    # first boundary on; none fails while they fit in the free blocks (the free count only falls).
+    kv = sched.kv
+    bs = kv.block_size
+    allocations = 0
+    for r in running:
+        first = bs * len(r.block_ids) - r.num_computed_tokens
+        if first < s:
+            allocations += (s - 1 - first) // bs + 1
+    if allocations > kv.pool.get_num_free_blocks():
+        return None
+    window = _DecodeWindow(sched, clock)
+    window.start_events()
+    return OpenDecodeWindow(replica, start, window, m, s)
+
+
 def _first_finish_step(running: list[Request], max_model_len: int) -> int:
     """The first window step that finishes a running request, or -1 when some request is not
     plainly decoding (it has a prompt chunk or drafts to compute, or no first token yet)."""
@@ -247,7 +371,7 @@ class _DecodeWindow:
     points of the columns that change only at events (for the recorder)."""
 
     __slots__ = ("sched", "running", "nrun", "clock", "base", "out0", "free_blocks", "bytes_stored",
-                 "cpu_blocks_used")
+                 "cpu_blocks_used", "events", "head", "head_local")
 
     def __init__(self, sched: Scheduler, clock: _StepClock) -> None:
         self.sched = sched
@@ -261,30 +385,33 @@ class _DecodeWindow:
         self.bytes_stored = ChangePoints()  # at the steps that started G2 stores
         # CPU blocks used after each step's stores; None without a G2 tier
         self.cpu_blocks_used: ChangePoints | None = None
+        self.events: list[tuple[int, int, int]] = []  # (step, kind, position in running), a heap
+        self.head: Request | None = None  # the blocked queue head a G2 window looks up at each step
+        self.head_local = 0  # its GPU hit blocks
 
     def replay_events(self, next_event_ms: float) -> int:
         """Replay the window's events in step order: block allocations (a request crossing a block
         boundary), the blocked head's CPU lookup, G2 stores. Returns how many steps the window may
         take: ``cap``, or the first step whose allocation fails (it needs the real scheduler, which
         may preempt)."""
+        if not self.start_events():
+            return 0
+        return self.replay_until(next_event_ms, self.clock.cap)
+
+    def start_events(self) -> bool:
+        """Queue each request's first event; False when no window may start (a G2 copy is in flight
+        while a blocked queue head is looked up at every step)."""
         sched = self.sched
         running = self.running
         base = self.base
-        out0 = self.out0
         clock = self.clock
-        durations = clock.durations
-        times = clock.times
-        cap = clock.cap
         lim = sched.limits
         nrun = len(running)
         kv = sched.kv
         bs = kv.block_size
-        pool = kv.pool
         offload = sched.offload
-        limit = cap
         # _next_alloc_step, inlined: this runs for every running request of every window.
         events = [(bs * len(r.block_ids) - b, _ALLOC, pos) for pos, (r, b) in enumerate(zip(running, base))]
-        head = None
         if offload is not None:
             # A store refused earlier (CPU pool full) is due again at once: clamp to step 0.
             for pos, (r, b) in enumerate(zip(running, base)):
@@ -299,18 +426,41 @@ class _DecodeWindow:
                 # and whether it does changes as copies complete and as the window's allocations
                 # evict the head's GPU hits: no window while a copy is in flight, and the window
                 # ends after a step that starts one.
-                if offload.copies_in_flight(times[0]):
-                    return 0
+                if offload.copies_in_flight(clock.times[0]):
+                    return False
                 head = sched.waiting.peek()
-                head_local = kv.get_computed_blocks(head)[1]
+                self.head = head
+                self.head_local = kv.get_computed_blocks(head)[1]
                 events.append((0, _LOOKUP, -1))
-            bytes_stored = self.bytes_stored
             cpu_blocks_used = ChangePoints()
             cpu_blocks_used.set(0, len(offload.store))
             self.cpu_blocks_used = cpu_blocks_used
         heapq.heapify(events)
+        self.events = events
+        self.free_blocks.set(0, kv.pool.get_num_free_blocks())
+        return True
+
+    def replay_until(self, next_event_ms: float, limit: int) -> int:
+        """Replay the queued events of the steps before ``limit`` that start before
+        ``next_event_ms``; returns ``limit``, or the first step whose allocation fails or after
+        which the window must end (see replay_events)."""
+        sched = self.sched
+        running = self.running
+        base = self.base
+        out0 = self.out0
+        clock = self.clock
+        durations = clock.durations
+        times = clock.times
+        cap = clock.cap
+        kv = sched.kv
+        bs = kv.block_size
+        pool = kv.pool
+        offload = sched.offload
+        events = self.events
+        head = self.head
         free_blocks = self.free_blocks
-        free_blocks.set(0, pool.get_num_free_blocks())
+        bytes_stored = self.bytes_stored
+        cpu_blocks_used = self.cpu_blocks_used
         storing: list[int] = []
         while events and events[0][0] < limit:
             s, kind, pos = events[0]
@@ -330,7 +480,7 @@ class _DecodeWindow:
                 continue
             heapq.heappop(events)
             if kind == _LOOKUP:
-                if offload.get_num_new_matched_tokens(head, head_local, times[s]) < 0:
+                if offload.get_num_new_matched_tokens(head, self.head_local, times[s]) < 0:
                     # the head's prefix is still being copied: the scheduler skips it at step s and
                     # may admit a request behind it, which a window cannot
                     limit = s
@@ -356,6 +506,7 @@ class _DecodeWindow:
             stored, _, cpu_used, _ = offload.step_stats()
             if stored:
                 bytes_stored.set(s, stored)
+            assert cpu_blocks_used is not None  # start_events set it: stores come only with a G2 tier
             cpu_blocks_used.set(s, cpu_used)
             if head is not None:
                 if stored:

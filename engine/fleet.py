@@ -9,7 +9,9 @@ step was scheduled) but not their tokens (applied at the step's end).
 Decode windows (engine/decode_window.py) let a replica fast-forward through decode-only steps up to
 a horizon that no arrival, finish elsewhere or closed-loop release could cut short: the base class
 ReplicaBounds (engine/fleet_bounds.py) computes it; this module owns the clock, the arrival queue,
-the routing and the step events.
+the routing and the step events. When only the router reads the replicas, a window is not cut at
+arrivals routed elsewhere: it stays open, and the loop brings every open window to an arrival's
+instant before routing it (``sync_open_windows``).
 
 A fleet that changes over the replay (engine/fleet_scaling.py, engine/admission.py) plugs in through
 two narrow hooks: a controller whose events (autoscaler decisions, replicas joining) ride the
@@ -27,7 +29,7 @@ from typing import Protocol
 
 from replay.engine.arrivals import ArrivalPlan
 from replay.engine.block_keys import BlockKeys
-from replay.engine.core import DYNAMIC, OPEN, EngineCore
+from replay.engine.core import DYNAMIC, OPEN, EngineCore, sync_open_windows
 from replay.engine.fleet_bounds import ReplicaBounds
 from replay.engine.recorder import Recorder
 from replay.engine.replica_view import ReplicaView
@@ -66,6 +68,8 @@ class ArrivalGate(Protocol):
 
 class FleetLoop(ReplicaBounds):
     """The clock over the arrivals and every replica's step events (see the module doc)."""
+
+    windows_stay_open = True  # may decode windows stay open past other replicas' arrivals (see __init__)
 
     def __init__(self, trace: TraceArrays, plan: ArrivalPlan, cores: list[EngineCore], router: Router | None,
                  recorder: Recorder, *, block_size: int, hash_lookahead: int, rejected: dict[int, str],
@@ -106,6 +110,14 @@ class FleetLoop(ReplicaBounds):
             for core in cores:
                 core.on_finished = self._on_finished
                 core.finish_is_quiet = quiet
+        # Decode windows stay open past arrivals routed elsewhere (engine/decode_window.py) when
+        # every replica is read only by the router, at arrivals: no admission control or autoscaler
+        # reads it at other instants, no closed-loop release depends on a running request's progress,
+        # and no G2 tier has events of its own.
+        self._lazy = (self.windows_stay_open and self._predict == "any" and control is None and admission is None
+                      and not plan.dependents and not plan.concurrency and all(c.offload is None for c in cores))
+        for core in cores:
+            core.lazy_windows = self._lazy
         self.first_token_routers: list[Router] = []  # routers told of every first token
         self.hear_first_tokens(router)
         # Leading ids another request could hit, per row: counted within each replica's own rows
@@ -156,6 +168,8 @@ class FleetLoop(ReplicaBounds):
         if self._predict == "single":
             rid = 0
         else:
+            if self._lazy:  # the router reads every replica as it is now
+                sync_open_windows(self.cores, time_ms)
             live = self.live_views
             rid = live[self.router.route(req, live, time_ms)].replica
         self.rec.replica[idx] = rid
@@ -170,6 +184,12 @@ class FleetLoop(ReplicaBounds):
 
     def wake(self, core: EngineCore, t: float) -> None:
         """Make ``core`` act at ``t`` (or when its step in flight completes) if it would not act sooner."""
+        window = core.open_window
+        if window is not None:  # it ends at the first of its steps that starts at ``t`` or later
+            end = window.truncate(t)
+            if end < core.wake_ms:
+                self._push(core, end, _COMPLETE)
+            return
         if core.pending is None:  # a replica with a step in flight begins again when it completes
             t_wake = max(t, core.now)
             if t_wake < core.wake_ms:

@@ -41,6 +41,10 @@ from replay.engine.trace_input import TraceArrays
 
 
 class PDFleetLoop(FleetLoop):
+    # Decode windows end at every arrival: the P/D proxy moves requests and KV between the pools at
+    # instants of its own (transfer events), which open windows are not brought to.
+    windows_stay_open = False
+
     def __init__(self, trace: TraceArrays, plan: ArrivalPlan, prefill_cores: list[EngineCore],
                  decode_cores: list[EngineCore], decode_router: Router | None, prefill_router: Router | None,
                  recorder: Recorder, columns: PDRequestColumns, network: TransferNetwork, *,

@@ -3,8 +3,9 @@
 A router sees an arriving request (its block keys, lengths, session) and the replicas as they are
 at that instant, and names the replica that gets it. Routers that only look at the request (round
 robin, random, session affinity) say so, which lets every replica fast-forward decode windows up to
-the next arrival that is actually its own; routers that read replica state end every replica's
-window at every arrival (the state they read must be the state at that instant).
+the next arrival that is actually its own; for routers that read replica state, every replica's
+window is brought to every arrival before ``route`` is called (the state they read must be the
+state at that instant: engine/decode_window.py, ``OpenDecodeWindow``).
 
 Writing a router: one small file in engine/routers/ with a ``Router`` subclass that sets ``name``
 (and ``reads_replica_state = True`` if ``route`` reads a replica), implements ``route``, and

@@ -130,6 +130,40 @@ def test_decode_windows_stay_exact_in_a_fleet(tmp_path, router, latency):
     assert a["fleet"] == b["fleet"] or _equal_but_busy(a["fleet"], b["fleet"])
 
 
+def _sorted_rows(out, name: str) -> pd.DataFrame:
+    key = {"chunks.parquet": ["request", "replica", "first_step"], "steps.parquet": ["replica", "step"]}[name]
+    return pd.read_parquet(out / name).sort_values(key).reset_index(drop=True)
+
+
+@pytest.mark.parametrize("router", ["least_loaded", "kv_aware", "prefix_score"])
+@pytest.mark.parametrize("latency", [0.0, 7.5])
+@pytest.mark.parametrize("blocks", [45, 400])
+def test_open_decode_windows_stay_exact_in_a_fleet(tmp_path, monkeypatch, router, latency, blocks):
+    """Open-loop traffic, a router that reads every replica: windows stay open past arrivals routed
+    elsewhere and are brought to each arrival before routing. The rows must be those of stepping
+    every replica one step at a time and of windows cut at every arrival; in the small pool the
+    windows' allocations evict the cached prefixes the router reads, and some would run it dry."""
+    table, meta = make_trace(_rows(300, 21, sessions=False))
+    data = {"fleet": {"replicas": 4, "router": router, "router_latency_ms": latency}}
+    infos = {"open": _run(table, meta, data, tmp_path / "open", blocks)}
+    infos["step"] = _run(table, meta, data, tmp_path / "step", blocks, fast_forward=False)
+    from replay.engine.fleet import FleetLoop
+    monkeypatch.setattr(FleetLoop, "windows_stay_open", False)
+    infos["cut"] = _run(table, meta, data, tmp_path / "cut", blocks)
+    for other in ("step", "cut"):
+        assert (tmp_path / "open" / "requests.parquet").read_bytes() == \
+            (tmp_path / other / "requests.parquet").read_bytes(), other
+        for name in ("chunks.parquet", "steps.parquet"):
+            pd.testing.assert_frame_equal(_sorted_rows(tmp_path / "open", name), _sorted_rows(tmp_path / other, name),
+                                          check_exact=True)
+        assert infos["open"]["totals"] == infos[other]["totals"]
+    # the open windows took steps the scheduler took when windows were cut at every arrival
+    assert infos["open"]["schedule_calls"] < infos["cut"]["schedule_calls"]
+    if blocks == 45:
+        assert infos["open"]["totals"]["preemptions"] > 0
+        assert infos["open"]["totals"]["gpu_block_evictions"] > 0
+
+
 @pytest.mark.parametrize("router", ["round_robin", "kv_aware"])
 def test_decode_windows_stay_exact_in_a_fleet_in_concurrency_mode(tmp_path, router):
     """In a closed loop any finish releases the next request at once, to any replica."""
