@@ -61,6 +61,19 @@ class SlotTable:
         self.ref_counts = [0] * length  # its reference count (0: free)
         self.free_run_ids = [0] * length  # its free-queue run while free (0: in use)
         self.num_filled = 0
+        self.whole_len = 0  # while a fleet index counts it whole: its whole_key
+
+    def whole_key(self) -> int:
+        """2 * length when every slot is filled; 2 * length + 1 when every slot but slot 0 is (a
+        trace block's keys end at offsets 1 .. hash block size, so in a table of offsets that are
+        multiples of the block size slot 0, offset 0, never fills); 0 otherwise."""
+        n = len(self.blocks)
+        filled = self.num_filled
+        if filled == n:
+            return 2 * n
+        if filled == n - 1 and not self.blocks[0]:
+            return 2 * n + 1
+        return 0
 
     def grow(self, length: int) -> None:
         """At least ``length`` slots (new ones empty)."""
@@ -84,6 +97,87 @@ class SlotTable:
 
 
 @final
+class WholeTableIndex:
+    """Which maps of a fleet hold each trace block's table whole (every slot filled, or every slot
+    but slot 0: SlotTable.whole_key), by whole key: ``whole[tid][key]`` is a bitmask of maps (one
+    bit each). A router asking every replica how
+    much of a prompt it holds walks the prompt once for all of them (``prefix_lens``): a map whose
+    tables are whole through a run passes it with the others, and only where it drops out (usually
+    at one run) is its own table read. Dynamo's router keeps one radix tree over every worker's
+    blocks for the same reason. Each map keeps its bits current as its tables fill and empty."""
+
+    def __init__(self) -> None:
+        self.whole: dict[int, dict[int, int]] = {}
+        self.num_maps = 0
+
+    def add_map(self) -> int:
+        """A new member's bit."""
+        bit = 1 << self.num_maps
+        self.num_maps += 1
+        return bit
+
+    def set_whole(self, tid: int, bit: int, old_len: int, new_len: int) -> None:
+        """The member ``bit``'s table ``tid`` had whole key ``old_len`` and has ``new_len`` (0: not
+        whole, or gone)."""
+        whole = self.whole
+        by_len = whole.get(tid)
+        if old_len:
+            assert by_len is not None
+            left = by_len[old_len] & ~bit
+            if left:
+                by_len[old_len] = left
+            else:
+                del by_len[old_len]
+                if not by_len:
+                    del whole[tid]
+                    by_len = None
+        if new_len:
+            if by_len is None:
+                by_len = {}
+                whole[tid] = by_len
+            by_len[new_len] = by_len.get(new_len, 0) | bit
+
+    def prefix_lens(self, maps: list[BlockHashToBlockMap], runs: list[range], slots: list[tuple[int, int, int]]) -> list[int]:
+        """``walk_slots(runs, slots, None)`` of each of ``maps`` (members of this index)."""
+        mask = 0
+        for m in maps:
+            mask |= m.index_bit
+        drops: list[tuple[int, int, int]] = []  # (members leaving at slot k, k, hits before k)
+        hits = 0
+        whole = self.whole
+        k = 0
+        for tid, i, n in slots:
+            if tid < 0:
+                break  # keys unique to a request: each member walks them itself
+            keep = 0
+            by_len = whole.get(tid)
+            if by_len is not None:
+                end = 2 * (i + n)
+                for key, members in by_len.items():  # length >= i + n, and slot 0 filled if read
+                    if key >= end and (i or not key & 1):
+                        keep |= members
+            keep &= mask
+            if keep != mask:
+                drops.append((mask & ~keep, k, hits))
+                mask = keep
+                if not mask:
+                    break
+            hits += n
+            k += 1
+        out: list[int] = []
+        for m in maps:
+            bit = m.index_bit
+            if mask & bit:  # whole through slot k - 1; walks on from k (nothing left, or unique keys)
+                out.append(hits + m.walk_slots(runs, slots, None, k) if k < len(slots) else hits)
+                continue
+            for left, at, before in drops:
+                if left & bit:
+                    out.append(before + m.walk_slots(runs, slots, None, at))
+                    break
+        return out
+
+
+@final
 class BlockHashToBlockMap:
     """Key -> first cached copy (per-trace-block tables and a dict), and further copies."""
 
@@ -92,6 +186,25 @@ class BlockHashToBlockMap:
         self.tables: dict[int, SlotTable] = {}  # table id (slot_of) -> table
         self.unique: dict[int, int] = {}  # key unique to a request -> first cached copy
         self.further_copies: dict[int, list[int]] = {}  # key -> copies beyond the first (rare)
+        self.index: WholeTableIndex | None = None  # the fleet's index of whole tables, if it keeps one
+        self.index_bit = 0  # this map's bit there
+
+    def join_index(self, index: WholeTableIndex) -> None:
+        """Be counted in ``index`` from now on (the map is empty: a fleet joins before its replay)."""
+        if self.tables:
+            raise RuntimeError("a prefix-cache map joins a fleet index only while empty")
+        self.index = index
+        self.index_bit = index.add_map()
+
+    def _reindex(self, tid: int, table: SlotTable) -> None:
+        """Table ``tid`` changed: tell the index whether it is whole now, and at what length."""
+        index = self.index
+        if index is None:
+            return
+        new_len = table.whole_key()
+        if new_len != table.whole_len:
+            index.set_whole(tid, self.index_bit, table.whole_len, new_len)
+            table.whole_len = new_len
 
     def slot_of(self, key: int) -> tuple[int, int]:
         """(table id, slot index) of a trace-named key (key >= 0); one-to-one."""
@@ -147,10 +260,12 @@ class BlockHashToBlockMap:
         tid, i = self.slot_of(key)
         table = self.table_for(tid, i + 1)
         if table.blocks[i]:
+            self._reindex(tid, table)  # table_for may have grown it
             return False
         table.blocks[i] = b
         table.num_filled += 1
         table.ref_counts[i] = 1
+        self._reindex(tid, table)
         return True
 
     def insert_all(self, blocks: list[int], runs: list[range]) -> None:
@@ -167,6 +282,7 @@ class BlockHashToBlockMap:
                     table.blocks[i:i + m] = blocks[j:j + m]
                     table.num_filled += m
                     table.ref_counts[i:i + m] = [1] * m  # their owner's references
+                    self._reindex(tid, table)
                     j += m
                     continue
             for key in rng:
@@ -205,9 +321,14 @@ class BlockHashToBlockMap:
         left = table.num_filled - m
         if left == 0:
             del self.tables[tid]
+            if table.whole_len:
+                index = self.index
+                assert index is not None
+                index.set_whole(tid, self.index_bit, table.whole_len, 0)
             return
         table.num_filled = left
         table.trim()
+        self._reindex(tid, table)
 
     def _same_table_run_end(self, keys: list[int], j: int, step: int) -> int:
         """End of the run of ``keys`` from ``j`` that steps by ``step`` (+-block size) inside one
@@ -266,12 +387,15 @@ class BlockHashToBlockMap:
         ``out`` when it is a list."""
         return self.walk_slots(runs, run_slots(runs, self.block_size), out)
 
-    def walk_slots(self, runs: list[range], slots: list[tuple[int, int, int]], out: list[int] | None) -> int:
+    def walk_slots(self, runs: list[range], slots: list[tuple[int, int, int]], out: list[int] | None,
+                   first: int = 0) -> int:
         """``_walk_prefix`` with the runs' slots (``run_slots``) computed already: a router asking
-        every replica computes them once for all of them."""
+        every replica computes them once for all of them. From ``slots[first]`` on (the index has
+        found the ones before it whole)."""
         n_hit = 0
         tables = self.tables
-        for tid, i, n in slots:
+        for k in range(first, len(slots)):
+            tid, i, n = slots[k]
             if tid < 0:  # keys unique to a request, or unaligned: one by one
                 for key in runs[i]:
                     b = self.get_one_block(key)
@@ -286,8 +410,9 @@ class BlockHashToBlockMap:
                 return n_hit
             blocks = table.blocks
             end = i + n
-            if end <= len(blocks) and table.num_filled == len(blocks):  # every slot filled: the whole slice
-                j = end
+            nb = len(blocks)
+            if end <= nb and (table.num_filled == nb or (i and table.num_filled == nb - 1 and not blocks[0])):
+                j = end  # every slot filled (slot 0 unread, or filled too): the whole slice
             else:  # up to the first empty slot (one scan: counting the empty ones first cost a second)
                 stop = end if end < len(blocks) else len(blocks)
                 j = i
@@ -327,4 +452,7 @@ def cached_prefix_lens_of(maps: list[BlockHashToBlockMap], runs: list[range]) ->
         return []
     bs = maps[0].block_size
     slots = run_slots(runs, bs)
+    index = maps[0].index
+    if index is not None and all(m.index is index for m in maps):  # one fleet's maps: one block size
+        return index.prefix_lens(maps, runs, slots)
     return [m.walk_slots(runs, slots, None) if m.block_size == bs else m.cached_prefix_len(runs) for m in maps]

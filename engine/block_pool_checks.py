@@ -92,6 +92,22 @@ def check_pool_invariants(pool: CheckedPool, in_use_keys: dict[int, int | None],
             else:
                 require_invariant(refs[i] == 0 and run_ids[i] == 0, f"table {tid}: an empty slot counts {refs[i]} "
                                   f"references, run id {run_ids[i]}")
+    index = hash_map.index
+    if index is not None:  # the fleet's index of whole tables counts this map's exactly
+        bit = hash_map.index_bit
+        for tid, table in hash_map.tables.items():
+            require_invariant(table.whole_len == table.whole_key(), f"table {tid}: indexed with whole key "
+                              f"{table.whole_len}, has {table.whole_key()}")
+        for tid, by_len in index.whole.items():
+            for length, members in by_len.items():
+                if members & bit:
+                    table = hash_map.tables.get(tid)
+                    require_invariant(table is not None and table.whole_len == length,
+                                      f"table {tid}: the fleet index counts it with whole key {length}")
+        for tid, table in hash_map.tables.items():
+            if table.whole_len:
+                require_invariant(index.whole.get(tid, {}).get(table.whole_len, 0) & bit != 0,
+                                  f"table {tid}: whole, missing from the fleet index")
     for b, held in holders.items():
         require_invariant(b not in off_table and b not in free_keys, f"block {b} is held and free")
         ref_cnt = slot_refs[b] if b in slot_refs else 1 + pool.extra_refs.get(b, 0)

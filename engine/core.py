@@ -21,8 +21,13 @@ from collections.abc import Callable
 
 from replay.base.errors import ReplayError
 from replay.engine.block_pool_checks import PoolInvariantError
-from replay.engine.decode_window import (DecodeWindowReplica, DecodeWindowStart, OpenDecodeWindow, open_decode_window,
-                                         run_decode_window)
+from replay.engine.decode_window import (
+    DecodeWindowReplica,
+    DecodeWindowStart,
+    OpenDecodeWindow,
+    open_decode_window,
+    run_decode_window,
+)
 from replay.engine.recorder import Recorder
 from replay.engine.request import Request
 from replay.engine.row_runs import StepRow

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from replay.engine.arrivals import ArrivalPlan
+from replay.engine.block_hash_map import WholeTableIndex
 from replay.engine.block_keys import BlockKeys
 from replay.engine.core import DYNAMIC, OPEN, EngineCore, sync_open_windows
 from replay.engine.fleet_bounds import ReplicaBounds
@@ -118,6 +119,13 @@ class FleetLoop(ReplicaBounds):
                       and not plan.dependents and not plan.concurrency and all(c.offload is None for c in cores))
         for core in cores:
             core.lazy_windows = self._lazy
+        # A router that reads every replica's prefix cache at every arrival asks one index of the
+        # replicas' whole tables (engine/block_hash_map.py) in a fleet whose replicas stay put.
+        if (self.windows_stay_open and router is not None and router.reads_prefix_caches and control is None
+                and len(cores) > 1):
+            index = WholeTableIndex()
+            for core in cores:
+                core.kv_pool.cached_block_hash_to_block.join_index(index)
         self.first_token_routers: list[Router] = []  # routers told of every first token
         self.hear_first_tokens(router)
         # Leading ids another request could hit, per row: counted within each replica's own rows

@@ -48,6 +48,9 @@ class Router:
     name: ClassVar[str] = ""
     reads_replica_state: ClassVar[bool] = False  # True: the choice depends on replica state at arrival
     hears_first_tokens: ClassVar[bool] = False  # True: request_first_token is called (it costs a call each)
+    # True: route() asks every replica's prefix cache (prefix_hit_blocks_of): the fleet keeps an index
+    # of the replicas' cached trace blocks for it
+    reads_prefix_caches = False
 
     def __init__(self, ctx: RouterContext, options) -> None:
         self.ctx = ctx

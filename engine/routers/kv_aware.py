@@ -155,6 +155,7 @@ class KvAwareRouter(Router):
         self.weight = options.overlap_score_weight
         self.temperature = options.router_temperature
         self.kv_events = options.kv_events
+        self.reads_prefix_caches = self.kv_events
         self.active = [ActiveBlocks() for _ in range(self.n)]  # prompt blocks of the active requests
         self.prefill_tokens = [0] * self.n  # per worker: the sum of its requests' PrefillLoad tokens
         self.prefilling: dict[int, PrefillLoad] = {}  # trace row -> load, until its first token

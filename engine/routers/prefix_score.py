@@ -37,6 +37,7 @@ from replay.engine.routers.base import Router, RouterContext
 class PrefixScoreRouter(Router):
     name = "prefix_score"
     reads_replica_state = True
+    reads_prefix_caches = True
 
     def __init__(self, ctx: RouterContext, options) -> None:
         super().__init__(ctx, options)

@@ -142,3 +142,85 @@ def test_many_maps_answer_as_each_walks_alone():
                 runs.insert(rng.randrange(len(runs) + 1), range(-3, -4, -1))
             assert cached_prefix_lens_of(maps, runs) == [m.cached_prefix_len(runs) for m in maps]
             assert cached_prefix_lens_of(maps, runs) == [len(m.cached_prefix(runs)) for m in maps]
+
+
+def _index_from_scratch(maps) -> dict:
+    """What a WholeTableIndex over ``maps`` must hold: per table, per length, the whole tables' bits."""
+    whole: dict = {}
+    for m in maps:
+        for tid, table in m.tables.items():
+            n = len(table.blocks)
+            filled = n - table.blocks.count(0)
+            key = 2 * n if filled == n else 2 * n + 1 if filled == n - 1 and not table.blocks[0] else 0
+            if key:
+                by_len = whole.setdefault(tid, {})
+                by_len[key] = by_len.get(key, 0) | m.index_bit
+    return whole
+
+
+def test_a_fleet_index_of_whole_tables_answers_as_each_map_walks_alone():
+    """Maps joined to one WholeTableIndex: a router's question is answered from the index where every
+    table a run reads is whole, and from each map's own tables where it drops out. Hand-checked first
+    (map 0 holds trace block 1 whole, map 1 with a hole, map 2 not at all), then random fills and
+    evictions checked against each map's own walk and the index against a recount."""
+    import random
+
+    from replay.engine.block_hash_map import WholeTableIndex
+
+    index = WholeTableIndex()
+    maps = [BlockHashToBlockMap(4) for _ in range(3)]
+    for m in maps:
+        m.join_index(index)
+    maps[0].insert_all([1, 2, 3, 4], [_run(1, 0, 12)])
+    maps[1].insert_all([5, 6, 7, 8], [_run(1, 0, 12)])
+    maps[1].pop(_key(1, 8))
+    runs = [_run(1, 0, 12), _run(2, 0, 4)]
+    assert cached_prefix_lens_of(maps, runs) == [4, 2, 0]
+    assert index.whole == {4: {8: 0b001}}  # table 1 * 4 + 0: whole in map 0 only, 4 slots (key 2 * 4)
+    maps[1].insert(_key(1, 8), 9)  # the hole filled: map 1's table is whole too
+    assert index.whole == {4: {8: 0b011}}
+    maps[0].pop_all([_key(1, 12), _key(1, 8), _key(1, 4), _key(1, 0)])  # evicted, table dropped
+    assert index.whole == {4: {8: 0b010}}
+    # A table of offsets 4, 8, 12 (slot 0, offset 0, empty): whole for runs that do not read slot 0
+    maps[2].insert_all([20, 21, 22], [_run(3, 4, 12)])
+    assert index.whole[12] == {9: 0b100}
+    assert cached_prefix_lens_of(maps, [_run(3, 4, 12)]) == [0, 0, 3]
+    assert cached_prefix_lens_of(maps, [_run(3, 0, 12)]) == [0, 0, 0]
+    assert cached_prefix_lens_of(maps, runs) == [0, 4, 0]
+
+    rng = random.Random(7)
+    for _ in range(40):
+        index = WholeTableIndex()
+        maps = [BlockHashToBlockMap(4) for _ in range(5)]
+        for m in maps:
+            m.join_index(index)
+        block = 1
+        for _ in range(40):
+            m = rng.choice(maps)
+            action = rng.random()
+            if action < 0.45:
+                g, first = rng.randrange(3), 4 * rng.randrange(4)
+                run = _run(g, first, first + 4 * rng.randrange(5))
+                m.insert_all(list(range(block, block + len(run))), [run])
+                block += len(run)
+            elif action < 0.55:
+                m.insert(-3, block)
+                block += 1
+            elif action < 0.8:
+                key = _key(rng.randrange(3), 4 * rng.randrange(8))
+                if m.get_one_block(key) is not None and key not in m.further_copies:
+                    m.pop(key)
+            else:  # a trace block's tail evicted at once, last first
+                g, top = rng.randrange(3), rng.randrange(8)
+                keys = [_key(g, 4 * o) for o in range(top, -1, -1)]
+                keys = keys[:next((j for j, k in enumerate(keys) if m.get_one_block(k) is None
+                                   or k in m.further_copies), len(keys))]
+                m.pop_all(keys)
+            assert index.whole == _index_from_scratch(maps)
+            runs = [_run(g, 4 * a, 4 * (a + rng.randrange(4))) for g, a in
+                    ((rng.randrange(3), rng.randrange(4)) for _ in range(rng.randrange(1, 4)))]
+            if rng.random() < 0.3:
+                runs.insert(rng.randrange(len(runs) + 1), range(-3, -4, -1))
+            assert cached_prefix_lens_of(maps, runs) == [m.cached_prefix_len(runs) for m in maps]
+            some = rng.sample(maps, 3)  # a router may ask some of the fleet (in any order)
+            assert cached_prefix_lens_of(some, runs) == [m.cached_prefix_len(runs) for m in some]
