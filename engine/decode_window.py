@@ -206,18 +206,20 @@ class OpenDecodeWindow:
 
     def sync(self, now_ms: float) -> None:
         """Replay the allocations of the steps that start before ``now_ms``."""
-        self.window.replay_until(now_ms, self.num_steps)
+        self._replay_until(now_ms)
         self._set_next()
+
+    def _replay_until(self, now_ms: float) -> None:
+        if self.window.replay_until(now_ms, self.num_steps) < self.num_steps:
+            raise RuntimeError("an allocation failed in an open decode window (they were counted to fit)")
 
     def truncate(self, ready_ms: float) -> float:
         """A request reaches this replica at ``ready_ms``: the window ends at the first step that
-        starts then or later, and a finishing step that would end after it leaves the window (as a
-        window that met the arrival as its horizon would have ended). Returns the window's end."""
+        starts then or later (the request joins the step after it). A finishing last step that ends
+        after ``ready_ms`` stays in the window: its finishes are applied when the window closes, at
+        that step's end, and no one sees them before. Returns the window's end."""
         times = self.window.clock.times
         s = bisect_left(times, ready_ms, 0, self.num_steps)
-        m = self.first_finish
-        if s > m and times[s] > ready_ms:
-            s = m
         if s < self.num_steps:
             if s == 0:
                 raise RuntimeError("a request reached a replica at the instant its decode window opened")
@@ -231,7 +233,7 @@ class OpenDecodeWindow:
         finishes of its last step (when it is the finishing one) and the rows."""
         window = self.window
         s = self.num_steps
-        window.replay_until(math.inf, s)
+        self._replay_until(math.inf)
         window.advance(s)
         finished = self.start.finished
         num_running_after = window.nrun
@@ -244,7 +246,9 @@ class OpenDecodeWindow:
 
 def open_decode_window(replica: DecodeWindowReplica, start: DecodeWindowStart) -> OpenDecodeWindow | DecodeWindowResult | None:
     """Open a window of the decode-only steps that follow ``start.now`` up to the replica's own next
-    event (``start.next_event_ms``), to stay open while other replicas' arrivals pass.
+    event (``start.next_event_ms``), to stay open while other replicas' arrivals pass. Its finishing
+    step, when it takes it, may end after that event: the finishes are applied at the step's end
+    (``close``), so nothing sees them early.
 
     Returns a DecodeWindowResult of no steps when no window can start (the scheduler takes the next
     step), and None when one can but may not stay open: the replica has a G2 tier, or the window's
@@ -266,12 +270,9 @@ def open_decode_window(replica: DecodeWindowReplica, start: DecodeWindowStart) -
     run = replica.decode_run(nrun) if replica.decode_run is not None else None
     cap = m + 1 if absorb else m
     clock = _StepClock(now, running, cap, run, replica.step_ms)
-    horizon = start.next_event_ms
+    horizon = start.next_event_ms  # a request on its way here: it joins the step after the window
     clock.fill(cap, horizon)
-    times = clock.times
-    s = bisect_left(times, horizon, 0, min(cap, len(clock.durations)))
-    if s > m and times[s] > horizon:
-        s = m
+    s = bisect_left(clock.times, horizon, 0, min(cap, len(clock.durations)))
     if s == 0:
         return DecodeWindowResult(now, 0)
     # Allocations of steps 0 .. s-1: each request takes a block every block_size steps from its
