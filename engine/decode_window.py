@@ -68,6 +68,9 @@ def _next_alloc_step(r, base: int, bs: int) -> int:
 
 
 _NEVER = 1 << 62  # a window step no window reaches
+# The longest open window (DecodeWindowReplica.max_open_steps): a window's setup costs about as much
+# as timing a few dozen steps, so a few hundred bounds the waste either way.
+OPEN_WINDOW_MAX_STEPS = 256
 
 
 def _next_store_step(r, base: int, offload: OffloadManager) -> int:
@@ -95,18 +98,23 @@ class DecodeWindowReplica:
     ``decode_run(nrun)``: the timer's DecodeRun for a window of ``nrun`` requests
     (engine/timing/base.py), which times runs of steps in compiled code bit-identically to
     ``step_ms``; without it (or when it gives None) every step is timed by ``step_ms``.
-    ``min_steps``: shorter windows are left to the scheduler (not worth their setup)."""
+    ``min_steps``: shorter windows are left to the scheduler (not worth their setup).
+    ``max_open_steps``: an open window (``OpenDecodeWindow``) times its steps when it opens, and a
+    request routed here may cut it short; this bounds the steps timed in vain (a window that reaches
+    it closes, and the next one opens at once)."""
 
-    __slots__ = ("sched", "step_ms", "recorder", "replica", "decode_run", "min_steps")
+    __slots__ = ("sched", "step_ms", "recorder", "replica", "decode_run", "min_steps", "max_open_steps")
 
     def __init__(self, sched: Scheduler, step_ms: Callable[..., float], recorder: Recorder, replica: int = 0,
-                 decode_run: Callable[[int], DecodeRun | None] | None = None, min_steps: int = 3) -> None:
+                 decode_run: Callable[[int], DecodeRun | None] | None = None, min_steps: int = 3,
+                 max_open_steps: int | None = None) -> None:
         self.sched = sched
         self.step_ms = step_ms
         self.recorder = recorder
         self.replica = replica
         self.decode_run = decode_run
         self.min_steps = min_steps
+        self.max_open_steps = OPEN_WINDOW_MAX_STEPS if max_open_steps is None else max_open_steps
 
 
 class DecodeWindowStart:
@@ -269,6 +277,8 @@ def open_decode_window(replica: DecodeWindowReplica, start: DecodeWindowStart) -
     absorb = finished is not None and _finish_joins_window(sched, m, start.finish_is_quiet)
     run = replica.decode_run(nrun) if replica.decode_run is not None else None
     cap = m + 1 if absorb else m
+    if cap > replica.max_open_steps:
+        cap = replica.max_open_steps
     clock = _StepClock(now, running, cap, run, replica.step_ms)
     horizon = start.next_event_ms  # a request on its way here: it joins the step after the window
     clock.fill(cap, horizon)
