@@ -26,7 +26,6 @@ is tested against.
 
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import Final
 
 from replay.engine.block_keys import key_group
@@ -38,7 +37,6 @@ __all__ = ["RunLRUStore", "runs_len", "runs_slice"]
 _EVICTED: Final = 0
 _SHORT: Final = 1
 _BLOCKED: Final = 2
-_first_key = itemgetter(0)
 
 
 class RunLRUStore(RunList):
@@ -64,9 +62,9 @@ class RunLRUStore(RunList):
         self.size = 0
 
     # -- operations ----------------------------------------------------------------------------
-    def _held(self, lst: list[Segment], run: range) -> int:
-        """How many keys of ``run`` the runs of its group (``lst``) hold."""
-        a, b = run[0], run[-1]
+    def _held(self, lst: list[Segment], a: int, step: int, n: int) -> int:
+        """How many of the ``n`` keys ``a``, ``a + step``, ... the runs of their group (``lst``) hold."""
+        b = a + (n - 1) * step
         lo, hi = (a, b) if a <= b else (b, a)
         s = self.stride
         if len(lst) == 1:  # the common case: no bisection, no list
@@ -85,26 +83,28 @@ class RunLRUStore(RunList):
         n = 0
         if groups:
             for run in runs:
-                lst = groups.get(key_group(run[0]))
+                a = run.start
+                lst = groups.get(key_group(a))
                 if lst is not None:
-                    n += self._held(lst, run)
+                    n += self._held(lst, a, run.step, len(run))
         return n
 
     @staticmethod
     def _interval(r: range) -> tuple[int, int]:
-        a, b = r[0], r[-1]
+        a = r.start
+        b = a + (len(r) - 1) * r.step
         return (a, b) if a <= b else (b, a)
 
     def _protected(self, protected: list[range]) -> dict[int, list[tuple[int, int]]]:
         """This call's key intervals per group (eviction must skip them)."""
         out: dict[int, list[tuple[int, int]]] = {}
         for r in protected:
-            out.setdefault(key_group(r[0]), []).append(self._interval(r))
+            out.setdefault(key_group(r.start), []).append(self._interval(r))
         return out
 
     def _evictable(self, seg: Segment, intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """LRU position ranges of ``seg`` outside the given key intervals, least recent first."""
-        n = len(seg.rng)
+        n = seg.n
         cuts: list[tuple[int, int]] = []
         for lo, hi in intervals:
             if lo > seg.hi or hi < seg.lo:
@@ -135,7 +135,7 @@ class RunLRUStore(RunList):
                     own = mine.get(seg.group)
                     if own:
                         ex = ex + own if ex else own
-                spans = self._evictable(seg, ex) if ex else [(0, len(seg.rng))]
+                spans = self._evictable(seg, ex) if ex else [(0, seg.n)]
                 chosen: list[tuple[int, int]] = []
                 for s0, s1 in spans:
                     take = min(s1 - s0, needed)
@@ -166,22 +166,22 @@ class RunLRUStore(RunList):
             if seg.batch < ready_below:
                 if (pins and seg.group in pins) or (avoid is not None and seg.group in avoid):
                     return _BLOCKED
-                avail += len(seg.rng)
+                avail += seg.n
             seg = seg.next
         seg = head.next
         out = self.evicted
         while needed:
             nxt = seg.next
             if seg.batch < ready_below:
-                n = len(seg.rng)
+                n = seg.n
                 if n <= needed:
                     if out is not None:
-                        out.append(seg.rng)
+                        out.append(seg.keys(0, n))
                     self._unlink(seg)
                     needed -= n
                 else:
                     if out is not None:
-                        out.append(seg.rng[:needed])
+                        out.append(seg.keys(0, needed))
                     self._cut(seg, 0, needed)
                     needed = 0
             seg = nxt
@@ -192,16 +192,17 @@ class RunLRUStore(RunList):
         held = 0
         if groups:
             for run in runs:
-                lst = groups.get(key_group(run[0]))
+                a = run.start
+                lst = groups.get(key_group(a))
                 if lst is not None:
-                    held += self._held(lst, run)
+                    held += self._held(lst, a, run.step, len(run))
         new = runs_len(runs) - held
         need = new - (capacity - self.size)
         evicted = 0
         if need > 0:
             # Usually nothing to skip at the LRU front but unwritten batches: evict it as it is.
             front = self._evict_front(need, ready_below,
-                                      {key_group(run[0]) for run in runs} if held else None)
+                                      {key_group(run.start) for run in runs} if held else None)
             if front == _SHORT:
                 return new, None
             if front == _BLOCKED:
@@ -211,20 +212,26 @@ class RunLRUStore(RunList):
                 out = self.evicted
                 for seg, spans in plan:
                     if out is not None:
-                        out.extend([seg.rng[s0:s1] for s0, s1 in spans])
-                    if len(spans) == 1 and spans[0][0] == 0 and spans[0][1] == len(seg.rng):
+                        out.extend([seg.keys(s0, s1) for s0, s1 in spans])
+                    if len(spans) == 1 and spans[0][0] == 0 and spans[0][1] == seg.n:
                         self._unlink(seg)  # a whole run leaves
                         continue
                     for s0, s1 in reversed(spans):  # highest first: lower positions stay valid
                         self._cut(seg, s0, s1)
             evicted = need
             self.size -= need
+        # Each run goes to the tail in reverse (its last key first: first + (n - 1) * step, by -step).
         if held:
             for run in reversed(runs):
-                self._move_to_tail(run[::-1], batch)
+                n = len(run)
+                step = run.step
+                self._move_to_tail(run.start + (n - 1) * step, -step, n, batch)
         else:  # nothing of the call is held: each run goes to the tail as it is
             for run in reversed(runs):
-                self._append(run[::-1], batch, key_group(run[0]))
+                n = len(run)
+                step = run.step
+                a = run.start
+                self._append(a + (n - 1) * step, -step, n, batch, key_group(a))
         self.size += new
         return new, evicted
 
@@ -234,12 +241,14 @@ class RunLRUStore(RunList):
         if not held:
             return
         if groups is None:
-            groups = list(map(key_group, map(_first_key, runs)))
+            groups = [key_group(run.start) for run in runs]
         if held.keys().isdisjoint(groups):
             return
         for run, group in zip(reversed(runs), reversed(groups)):
             if group in held:
-                self._move_to_tail(run[::-1], None)
+                n = len(run)
+                step = run.step
+                self._move_to_tail(run.start + (n - 1) * step, -step, n, None)
 
     def count_ready(self, runs: list[range], start: int, ready_below: int) -> int:
         hits = 0
@@ -249,29 +258,31 @@ class RunLRUStore(RunList):
             if start >= n:
                 start -= n
                 continue
-            if key_group(run[0]) not in groups:
+            a = run.start
+            if key_group(a) not in groups:
                 break
+            step = run.step
             if start:
-                run = run[start:]
+                a += start * step
                 n -= start
                 start = 0
-            covered = self._ready_prefix(run, ready_below)
+            covered = self._ready_prefix(a, step, n, ready_below)
             hits += covered
             if covered < n:
                 break
         return hits
 
-    def _ready_prefix(self, run: range, ready_below: int) -> int:
-        """How many leading keys of ``run`` are held and completely written."""
-        a, b = run[0], run[-1]
-        step = run.step
+    def _ready_prefix(self, a: int, step: int, n: int, ready_below: int) -> int:
+        """How many of the leading keys ``a``, ``a + step``, ... (``n`` of them) are held and
+        completely written."""
         lst = self.groups[key_group(a)]
         if len(lst) == 1:  # the common case: one run holds the group's keys
             seg = lst[0]
             if seg.batch >= ready_below or not seg.lo <= a <= seg.hi:
                 return 0
             covered = ((seg.hi if step > 0 else seg.lo) + step - a) // step
-            return covered if covered < len(run) else len(run)
+            return covered if covered < n else n
+        b = a + (n - 1) * step
         lo, hi = (a, b) if a <= b else (b, a)
         segs = [s for s in self._overlapping(key_group(a), lo, hi) if s.batch < ready_below]
         pos = a
@@ -283,15 +294,15 @@ class RunLRUStore(RunList):
             else:
                 break
         covered = (pos - a) // step
-        return covered if covered < len(run) else len(run)
+        return covered if covered < n else n
 
     def pin(self, runs: list[range]) -> None:
         for run in runs:
-            self.pins.setdefault(key_group(run[0]), []).append(self._interval(run))
+            self.pins.setdefault(key_group(run.start), []).append(self._interval(run))
 
     def unpin(self, runs: list[range]) -> None:
         for run in runs:
-            group = key_group(run[0])
+            group = key_group(run.start)
             lst = self.pins[group]
             lst.remove(self._interval(run))
             if not lst:

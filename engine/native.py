@@ -33,6 +33,8 @@ NATIVE_MODULES = (
     "replay.engine.key_lru_store",
     "replay.engine.run_list",
     "replay.engine.cpu_store",
+    "replay.engine.kv_links",
+    "replay.engine.kv_tiers",
     "replay.engine.offload",
     "replay.engine.row_runs",
     "replay.engine.recorder",

@@ -102,7 +102,12 @@ class OffloadManager:
     # -- stores --------------------------------------------------------------------------------
     def _runs(self, r: Request, m0: int, m1: int) -> list[range]:
         """CPU keys of offload blocks m0..m1-1 of ``r`` as runs: an offload block is named by the
-        prefix its last GPU block ends, i.e. by a key at the offload block size."""
+        prefix its last GPU block ends, i.e. by a key at the offload block size. Cut from the runs
+        of the request's last lookup when they reach m1 (a block's key never changes)."""
+        memo = r.lookup_memo
+        if memo is not None and memo[4] >= m1:
+            looked_up: list[range] = memo[5]
+            return runs_slice(looked_up, m0, m1)
         return r.keys.key_runs(m0, m1, self.block_size)
 
     def _first_unready_batch(self, now_ms: float) -> int:

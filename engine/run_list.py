@@ -26,16 +26,23 @@ def runs_len(runs: list[range]) -> int:
 
 
 def runs_slice(runs: list[range], i0: int, i1: int) -> list[range]:
-    """Positions i0..i1-1 of the concatenated runs, still as runs."""
+    """Positions i0..i1-1 of the concatenated runs, still as runs (a run wholly inside is itself)."""
     out: list[range] = []
     if i1 <= i0:
         return out
     pos = 0
     for run in runs:
         n = len(run)
-        if pos + n > i0 and pos < i1:
-            out.append(run[max(0, i0 - pos):i1 - pos])
-        pos += n
+        end = pos + n
+        if end > i0 and pos < i1:
+            if pos >= i0 and end <= i1:
+                out.append(run)
+            else:  # run[a:b], built from its fields (slicing a range is a generic call)
+                a = i0 - pos if i0 > pos else 0
+                b = i1 - pos if end > i1 else n
+                step = run.step
+                out.append(range(run.start + a * step, run.start + b * step, step))
+        pos = end
         if pos >= i1:
             break
     return out
@@ -44,28 +51,46 @@ def runs_slice(runs: list[range], i0: int, i1: int) -> list[range]:
 class Segment:
     """A run of keys adjacent in LRU order, least recent first, all written by one batch.
 
-    ``rng`` steps by +S or -S (S = the store's block size), so its keys fill the interval
-    [lo, hi] of its group at stride S; the segments of one group never overlap.
+    Its ``n`` keys are ``first``, ``first + step``, ... with ``step`` +S or -S (S = the store's block
+    size; a one-key segment keeps the step it came with), so they fill the interval [lo, hi] of its
+    group at stride S; the segments of one group never overlap. Plain ints rather than a range:
+    compiled, reading a range's items or slicing one is a generic Python call (tens to hundreds of
+    ns) where an int field is a load; ranges are built only for the keys an eviction hands on.
     """
 
-    __slots__ = ("prev", "next", "rng", "lo", "hi", "batch", "group")
+    __slots__ = ("prev", "next", "first", "step", "n", "lo", "hi", "batch", "group")
 
-    def __init__(self, rng: range, batch: int, group: int) -> None:
+    def __init__(self, first: int, step: int, n: int, batch: int, group: int) -> None:
         self.prev: Segment = self
         self.next: Segment = self
         self.batch = batch
         self.group = group
-        self.rng = rng
-        a, b = rng[0], rng[-1]
-        self.lo, self.hi = (a, b) if a <= b else (b, a)
+        self.step = step
+        self.first = first
+        self.n = n
+        last = first + (n - 1) * step
+        if step > 0:
+            self.lo, self.hi = first, last
+        else:
+            self.lo, self.hi = last, first
 
-    def set(self, rng: range) -> None:
-        self.rng = rng
-        a, b = rng[0], rng[-1]
-        self.lo, self.hi = (a, b) if a <= b else (b, a)
+    def set(self, first: int, n: int) -> None:
+        """Keep ``n`` keys from ``first`` (same step)."""
+        self.first = first
+        self.n = n
+        last = first + (n - 1) * self.step
+        if self.step > 0:
+            self.lo, self.hi = first, last
+        else:
+            self.lo, self.hi = last, first
+
+    def keys(self, i0: int, i1: int) -> range:
+        """LRU positions i0..i1-1 as a range (what an eviction hands to the tier below)."""
+        s = self.step
+        return range(self.first + i0 * s, self.first + i1 * s, s)
 
     def index(self, key: int) -> int:
-        return (key - self.rng.start) // self.rng.step
+        return (key - self.first) // self.step
 
 
 _lo = attrgetter("lo")
@@ -76,7 +101,7 @@ class RunList:
 
     def __init__(self, block_size: int) -> None:
         self.stride = block_size  # keys one block apart in a group differ by exactly this
-        self.head = Segment(range(0, 1), -1, 0)  # sentinel: head.next is the least recent run
+        self.head = Segment(0, 1, 1, -1, 0)  # sentinel: head.next is the least recent run
         self.groups: dict[int, list[Segment]] = {}
 
     def num_segments(self) -> int:
@@ -87,7 +112,7 @@ class RunList:
         out: list[tuple[int, int]] = []
         seg = self.head.next
         while seg is not self.head:
-            out.extend(zip(seg.rng, repeat(seg.batch)))
+            out.extend(zip(seg.keys(0, seg.n), repeat(seg.batch)))
             seg = seg.next
         return out
 
@@ -142,36 +167,37 @@ class RunList:
 
     def _cut(self, seg: Segment, i0: int, i1: int) -> None:
         """Remove LRU positions i0..i1-1 of ``seg``; what is left keeps its place in the LRU."""
-        rng = seg.rng
-        before, after = rng[:i0], rng[i1:]
-        if before and after:
-            seg.set(before)  # shrinking keeps the group's order by lo
-            self._link_after(Segment(after, seg.batch, seg.group), seg)
-        elif before:
-            seg.set(before)
-        elif after:
-            seg.set(after)
+        n = seg.n
+        if i0 > 0 and i1 < n:
+            after = Segment(seg.first + i1 * seg.step, seg.step, n - i1, seg.batch, seg.group)
+            seg.set(seg.first, i0)  # shrinking keeps the group's order by lo
+            self._link_after(after, seg)
+        elif i0 > 0:
+            seg.set(seg.first, i0)
+        elif i1 < n:
+            seg.set(seg.first + i1 * seg.step, n - i1)
         else:
             self._unlink(seg)
 
-    def _append(self, rng: range, batch: int, group: int) -> None:
-        """Put ``rng`` (LRU order) at the tail, extending the tail run when it continues it."""
+    def _append(self, first: int, step: int, n: int, batch: int, group: int) -> None:
+        """Put the ``n`` keys ``first``, ``first + step``, ... (LRU order) at the tail, extending the
+        tail run when they continue it."""
         tail = self.head.prev
         if tail is not self.head and tail.group == group and tail.batch == batch:
-            t = tail.rng
-            d = rng[0] - t[-1]
-            if (d == self.stride or d == -self.stride) and (len(t) == 1 or t.step == d) and (
-                    len(rng) == 1 or rng.step == d):
-                tail.set(range(t[0], rng[-1] + d, d))  # contiguous keys: no other run in between
+            d = first - (tail.first + (tail.n - 1) * tail.step)
+            if (d == self.stride or d == -self.stride) and (tail.n == 1 or tail.step == d) and (
+                    n == 1 or step == d):
+                tail.step = d  # contiguous keys: no other run in between
+                tail.set(tail.first, tail.n + n)
                 return
-        self._link_after(Segment(rng, batch, group), tail)
+        self._link_after(Segment(first, step, n, batch, group), tail)
 
-    def _move_to_tail(self, lru_rng: range, new_batch: int | None) -> None:
-        """Move the held keys of ``lru_rng`` to the tail in its order; with ``new_batch``, add the
-        missing ones there too (written by that batch)."""
-        group = key_group(lru_rng[0])
-        a, b = lru_rng[0], lru_rng[-1]
-        lo, hi = (a, b) if a <= b else (b, a)
+    def _move_to_tail(self, first: int, step: int, n: int, new_batch: int | None) -> None:
+        """Move the held keys among the ``n`` keys ``first``, ``first + step``, ... to the tail in
+        that order; with ``new_batch``, add the missing ones there too (written by that batch)."""
+        group = key_group(first)
+        last = first + (n - 1) * step
+        lo, hi = (first, last) if step > 0 else (last, first)
         lst = self.groups.get(group)
         if lst is not None and len(lst) == 1:
             seg = lst[0]
@@ -187,12 +213,13 @@ class RunList:
                     seg.next = self.head
                     tail.next = seg
                     self.head.prev = seg
-                seg.rng = lru_rng
+                seg.step = step
+                seg.first = first
                 return
         segs = self._overlapping(group, lo, hi)
         if not segs:
             if new_batch is not None:
-                self._append(lru_rng, new_batch, group)
+                self._append(first, step, n, new_batch, group)
             return
         pieces: list[tuple[int, int, int]] = []
         for seg in segs:
@@ -203,15 +230,14 @@ class RunList:
                 i0, i1 = i1, i0
             pieces.append((plo, phi, seg.batch))
             self._cut(seg, i0, i1 + 1)
-        step = lru_rng.step
         if step < 0:
             pieces.reverse()
-        pos = a
+        pos = first
         for plo, phi, batch in pieces:
-            first, last = (plo, phi) if step > 0 else (phi, plo)
-            if first != pos and new_batch is not None:
-                self._append(range(pos, first, step), new_batch, group)
-            self._append(range(first, last + step, step), batch, group)
-            pos = last + step
-        if new_batch is not None and pos != b + step:
-            self._append(range(pos, b + step, step), new_batch, group)
+            p0, p1 = (plo, phi) if step > 0 else (phi, plo)
+            if p0 != pos and new_batch is not None:
+                self._append(pos, step, (p0 - pos) // step, new_batch, group)
+            self._append(p0, step, (p1 - p0) // step + 1, batch, group)
+            pos = p1 + step
+        if new_batch is not None and pos != last + step:
+            self._append(pos, step, (last + step - pos) // step, new_batch, group)

@@ -37,6 +37,11 @@ WORKLOADS = [
     ("g2-offload", SAMPLE, ["kv_cache.num_gpu_blocks=3000", "host_offload.num_cpu_blocks=20000",
                             "load.speedup=3"]),
     ("fleet-kv-aware", SAMPLE, ["fleet.replicas=3", "fleet.router=kv_aware", "load.speedup=3"]),
+    # G2 evicting into an on-evict disk tier that evicts in turn, and a write-through cluster pool
+    ("kv-tiers", SAMPLE, ["fleet.replicas=3", "kv_cache.num_gpu_blocks=3000", "host_offload.num_cpu_blocks=1500",
+                          "load.speedup=3", "kv_cache.tiers=[{name: ssd, medium: disk, store: on_evict, "
+                          "num_blocks: 3000, read_gb_per_s: 6, write_gb_per_s: 3}, {name: pool, medium: remote, "
+                          "scope: cluster, num_blocks: 40000, read_gb_per_s: 25, write_gb_per_s: 25}]"]),
     ("closed-loop", SAMPLE, ["load.mode=concurrency", "load.concurrency=24"]),
     ("priority-0.11", SAMPLE, ["scheduler.policy=priority", "semantics=0.11", "kv_cache.num_gpu_blocks=3000"]),
     ("aic-timing", SAMPLE, ["timing.backend=aic", "load.max_requests=400"]),  # aic_decode's window timing
@@ -138,7 +143,8 @@ def test_engine_behaviour_tests_pass_on_the_compiled_core() -> None:
     """The hand-checked scenarios, fast-forward equivalence and fleet tests, against compiled code."""
     _require_compiled()
     files = ["tests/engine/test_scenarios.py", "tests/engine/test_fast_forward.py",
-             "tests/engine/test_mtp_offload.py", "tests/engine/test_fleet.py"]
+             "tests/engine/test_mtp_offload.py", "tests/engine/test_fleet.py", "tests/engine/test_cpu_store.py",
+             "tests/engine/test_kv_tiers.py"]
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files],
                          cwd=ROOT, env=_env(True), capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
