@@ -275,8 +275,8 @@ class BlockHashToBlockMap:
         j = 0
         for rng in runs:
             m = len(rng)
-            if m >= 4 and rng.step == bs and rng[0] >= 0:  # one trace block's run: one table
-                tid, i = self.slot_of(rng[0])
+            if m >= 4 and rng.step == bs and rng.start >= 0:  # one trace block's run: one table
+                tid, i = self.slot_of(rng.start)
                 table = self.table_for(tid, i + m)
                 if count_equal(table.blocks, i, i + m, 0) == m:  # all empty: one slice assignment
                     table.blocks[i:i + m] = blocks[j:j + m]
@@ -436,7 +436,7 @@ def run_slots(runs: list[range], block_size: int) -> list[tuple[int, int, int]]:
         n = len(rng)
         if n == 0:
             continue
-        k0 = rng[0]
+        k0 = rng.start
         if k0 < 0 or rng.step != block_size:
             slots.append((-1, r, n))
             continue

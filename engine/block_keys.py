@@ -39,7 +39,7 @@ class BlockKeys:
     """Block keys for one request. Keys are plain ints (fast dict keys); unique keys are negative."""
 
     __slots__ = ("ids", "start", "hash_block_size", "block_size", "input_tokens",
-                 "unique_tag", "lookahead", "_memo", "shared_blocks")
+                 "unique_tag", "lookahead", "_memo", "shared_blocks", "_runs", "_runs_end")
 
     def __init__(self, ids: list[int], start: int, end: int, hash_block_size: int | None,
                  block_size: int, input_tokens: int, unique_tag: int, lookahead: int = 0,
@@ -52,6 +52,11 @@ class BlockKeys:
         self.unique_tag = unique_tag
         self.lookahead = lookahead
         self._memo: list[int] = []  # keys of blocks 0..len-1, computed once, sliced after
+        # key_runs(0, _runs_end, block_size), kept: the prefix cache asks for parts of it several
+        # times per request (lookup, hits, registration, free), and cutting whole runs out of a
+        # list is cheaper than building them again (a range() is a generic call, compiled too)
+        self._runs: list[range] = []
+        self._runs_end = 0
         # Leading blocks whose keys another request could also hold: those ending inside the first
         # ``shared_ids`` trace blocks (ids that occur in other rows; all of them when not given).
         # Keys past them (unique ids, generated tokens) can only ever be looked up by this request.
@@ -90,10 +95,23 @@ class BlockKeys:
         range() instead of a Python iteration per block. Every run lies in one ``key_group`` and
         steps by +bs (trace-named keys) or -bs (unique keys). ``bs`` is the GPU block size for the
         GPU cache and the offload block size for the G2 tier (an offload block is named by its last
-        GPU block, i.e. by the same prefix).
+        GPU block, i.e. by the same prefix). At the GPU block size, runs from block 0 are kept
+        and later calls inside them are cut from them (the same keys and steps; only a cut run's
+        ``stop`` may differ, which nothing reads).
         """
         if j1 <= j0:
             return []
+        if bs == self.block_size:
+            if j1 <= self._runs_end:
+                return runs_slice(self._runs, j0, j1)
+            if j0 == 0:
+                runs = self._key_runs(0, j1, bs)
+                self._runs = runs
+                self._runs_end = j1
+                return runs_slice(runs, 0, j1)
+        return self._key_runs(j0, j1, bs)
+
+    def _key_runs(self, j0: int, j1: int, bs: int) -> list[range]:
         la = self.lookahead
         out: list[range] = []
         j = j0
@@ -120,3 +138,26 @@ def key_group(key: int) -> int:
     held anywhere form disjoint arithmetic intervals (what the G2 run store indexes by).
     """
     return key // ID_STRIDE if key >= 0 else key // _TAG_STRIDE
+
+
+def runs_slice(runs: list[range], i0: int, i1: int) -> list[range]:
+    """Positions i0..i1-1 of the concatenated runs, still as runs (a run wholly inside is itself)."""
+    out: list[range] = []
+    if i1 <= i0:
+        return out
+    pos = 0
+    for run in runs:
+        n = len(run)
+        end = pos + n
+        if end > i0 and pos < i1:
+            if pos >= i0 and end <= i1:
+                out.append(run)
+            else:  # run[a:b], built from its fields (slicing a range is a generic call)
+                a = i0 - pos if i0 > pos else 0
+                b = i1 - pos if end > i1 else n
+                step = run.step
+                out.append(range(run.start + a * step, run.start + b * step, step))
+        pos = end
+        if pos >= i1:
+            break
+    return out

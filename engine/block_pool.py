@@ -262,7 +262,7 @@ class BlockPool:
                 m = n - j
             if m == 0:
                 continue
-            k0 = rng[0]
+            k0 = rng.start
             if k0 >= 0 and rng.step == bs:
                 tid, i = hash_map.slot_of(k0)
                 self._hold_slots(tables[tid], i, blocks, j, m)
@@ -329,7 +329,7 @@ class BlockPool:
                 m = n - j
             if m == 0:
                 continue
-            k0 = rng[0]
+            k0 = rng.start
             if k0 >= 0 and rng.step == bs:
                 tid, i = hash_map.slot_of(k0)
                 refs = tables[tid].ref_counts
@@ -354,8 +354,9 @@ class BlockPool:
         queue (reused first), cached ones to the tail in the given order. The first ``num_uncached``
         blocks are not cached (head), the next ``num_private`` are private (cached, findable by
         nobody; tail): both are anonymous runs. The rest are registered, under the keys of ``runs``
-        (in the blocks' order: a request's key runs reversed, each reversed), and join the tail
-        after the private ones, as one registered run. No key is made for a block that stays in use.
+        (a request's key runs in prefix order: the blocks come in the reverse order, last key
+        first), and join the tail after the private ones, as one registered run. No key is made for
+        a block that stays in use.
         """
         self.free_version += 1
         queue = self.free_block_queue
@@ -380,7 +381,7 @@ class BlockPool:
         watched = self.watched
         assert watched is not None
         for rng in runs:
-            if len(rng) and key_group(rng[0]) in watched:
+            if len(rng) and key_group(rng.start) in watched:
                 self.watch_free_change = True
                 return
 
@@ -392,7 +393,7 @@ class BlockPool:
         watched = self.watched
         if watched is not None:
             for rng in runs:  # each run lies in one group
-                if len(rng) and key_group(rng[0]) in watched:
+                if len(rng) and key_group(rng.start) in watched:
                     self.watch_hit = True
                     break
         self.cached_block_hash_to_block.insert_all(blocks, runs)

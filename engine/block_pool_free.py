@@ -18,10 +18,10 @@ from replay.engine.free_block_queue import FreeKVCacheBlockQueue
 
 def free_registered(hash_map: BlockHashToBlockMap, extra_refs: dict[object, int], queue: FreeKVCacheBlockQueue,
                     blocks: list[int], runs: list[range]) -> int:
-    """Drop one reference on each of ``blocks``, registered under the keys of ``runs`` (in the
-    blocks' order: a request's key runs reversed, each reversed); those reaching zero join the tail
-    of ``queue`` as one registered run. Returns how many were freed. No key is made for a block that
-    stays in use."""
+    """Drop one reference on each of ``blocks``, registered under the keys of ``runs`` (a
+    request's key runs in prefix order; the blocks come last key first, so each run is read from
+    its end, without building reversed runs); those reaching zero join the tail of ``queue`` as one
+    registered run. Returns how many were freed. No key is made for a block that stays in use."""
     # Blocks other holders still reference lose one reference and stay in use; the rest are
     # freed, in order. A table's first copies are counted in its slots: a run inside one table
     # (descending, the eviction order) is one slice compare and a list update per block.
@@ -34,13 +34,13 @@ def free_registered(hash_map: BlockHashToBlockMap, extra_refs: dict[object, int]
     freed_keys = batch.keys
     blocks_o = cast("list[object]", blocks)
     j = 0
-    for rng in runs:
+    for rng in reversed(runs):
         m = len(rng)
         if m == 0:
             continue
-        top_key = rng[0]
-        if top_key < 0 or (m > 1 and rng.step != step):  # keys unique to the request
-            for key in rng:
+        top_key = rng.start + (m - 1) * rng.step  # its last key: the first block here
+        if top_key < 0 or (m > 1 and rng.step != -step):  # keys unique to the request
+            for key in reversed(rng):
                 if key >= 0:
                     _release_slot(hash_map, extra_refs, key, blocks_o[j], batch)
                 else:
@@ -59,7 +59,7 @@ def free_registered(hash_map: BlockHashToBlockMap, extra_refs: dict[object, int]
                 refs[lo:top + 1] = [0] * m
                 table.free_run_ids[lo:top + 1] = [rid] * m
                 freed.extend(blocks_o[j:j + m])
-                freed_keys.extend(rng)
+                freed_keys.extend(reversed(rng))
                 j += m
                 continue
             if ones == 0:  # all still held by others: counts only
@@ -67,7 +67,7 @@ def free_registered(hash_map: BlockHashToBlockMap, extra_refs: dict[object, int]
                     refs[s] = refs[s] - 1
                 j += m
                 continue
-        for key in rng:
+        for key in reversed(rng):
             _release_slot(hash_map, extra_refs, key, blocks_o[j], batch)
             j += 1
     if freed:

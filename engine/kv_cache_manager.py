@@ -208,8 +208,9 @@ class KVCacheManager:
                 reg = n
             if reg > n:
                 reg = n
-            # The registered prefix's keys as runs, last block first: no key list is made.
-            runs = [rng[::-1] for rng in reversed(req.keys.key_runs(0, reg, bs))] if reg else []
+            # The registered prefix's keys as runs (prefix order; freed last block first): no key
+            # list is made.
+            runs = req.keys.key_runs(0, reg, bs) if reg else []
             blocks.reverse()
             # Eviction order: the never-full tail, the private blocks, then the registered prefix.
             self.pool.free_blocks(blocks, runs, len(blocks) - n, n - reg)
@@ -226,7 +227,7 @@ def groups_read(runs: list[range], num_hits: int) -> set[int]:
         n = len(rng)
         if n == 0:
             continue
-        groups.add(key_group(rng[0]))
+        groups.add(key_group(rng.start))
         if left < n:  # the first miss is in this run
             break
         left -= n

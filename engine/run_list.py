@@ -14,7 +14,9 @@ from bisect import bisect_right, insort
 from itertools import repeat
 from operator import attrgetter
 
-from replay.engine.block_keys import key_group
+from replay.engine.block_keys import key_group, runs_slice
+
+__all__ = ["RunList", "Segment", "runs_len", "runs_slice"]
 
 
 def runs_len(runs: list[range]) -> int:
@@ -23,29 +25,6 @@ def runs_len(runs: list[range]) -> int:
     for run in runs:
         n += len(run)
     return n
-
-
-def runs_slice(runs: list[range], i0: int, i1: int) -> list[range]:
-    """Positions i0..i1-1 of the concatenated runs, still as runs (a run wholly inside is itself)."""
-    out: list[range] = []
-    if i1 <= i0:
-        return out
-    pos = 0
-    for run in runs:
-        n = len(run)
-        end = pos + n
-        if end > i0 and pos < i1:
-            if pos >= i0 and end <= i1:
-                out.append(run)
-            else:  # run[a:b], built from its fields (slicing a range is a generic call)
-                a = i0 - pos if i0 > pos else 0
-                b = i1 - pos if end > i1 else n
-                step = run.step
-                out.append(range(run.start + a * step, run.start + b * step, step))
-        pos = end
-        if pos >= i1:
-            break
-    return out
 
 
 class Segment:

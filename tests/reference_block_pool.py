@@ -149,8 +149,9 @@ class PerBlockPool:
     def free_blocks(self, blocks_in_eviction_order: list[int], runs: list[range], num_uncached: int,
                     num_private: int) -> None:
         """As replay.engine.block_pool.BlockPool.free_blocks, one free-queue entry per block: blocks
-        without a hash to the head (reused first, in the given order), cached ones to the tail."""
-        keys = [key for rng in runs for key in rng]
+        without a hash to the head (reused first, in the given order), cached ones to the tail.
+        ``runs`` in prefix order: the blocks come last key first."""
+        keys = [key for rng in reversed(runs) for key in reversed(rng)]
         self.free_version += 1
         self._note_free_change(runs)
         fq = self.free_queue

@@ -56,3 +56,24 @@ def test_offload_keys_are_the_last_gpu_block_keys():
         runs = off._runs(req, 1, 5)
         assert [k for run in runs for k in run] == [keys.prefix_key((m + 1) * 64 + la) for m in range(1, 5)]
         assert [k for run in runs for k in run] == gpu[2 * 4 - 1:5 * 4:4]
+
+
+def test_key_runs_cut_from_the_kept_runs_equal_fresh_ones():
+    """At the GPU block size, runs from block 0 are kept and later calls are cut from them: the
+    same runs (keys, steps, one per trace block) as computing them afresh, in any order of calls."""
+    rng = random.Random(5)
+    for _ in range(300):
+        hb = rng.choice([16, 48, 64, 512])
+        bs = rng.choice([16, 32])
+        la = rng.choice([0, 0, 2])
+        inp = rng.randint(1, 3000)
+        n_ids = -(-inp // hb)
+        ids = [rng.randint(0, 2**40) for _ in range(n_ids)]
+        keys = BlockKeys(ids, 0, n_ids, hb, bs, inp, 9, la)
+        total = (inp + 300) // bs
+        for _ in range(8):
+            j1 = rng.randint(0, total)
+            j0 = 0 if rng.random() < 0.4 else rng.randint(0, j1)
+            got = keys.key_runs(j0, j1, bs)
+            fresh = BlockKeys(ids, 0, n_ids, hb, bs, inp, 9, la).key_runs(j0, j1, bs)
+            assert [(list(r), r.step) for r in got] == [(list(r), r.step) for r in fresh]

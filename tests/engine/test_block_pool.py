@@ -31,8 +31,9 @@ def _slice_runs(runs: list[range], a: int, b: int) -> list[range]:
 
 
 def _eviction_runs(runs: list[range], n: int) -> list[range]:
-    """The first ``n`` keys' runs, last key first (KVCacheManager.free)."""
-    return [rng[::-1] for rng in reversed(_slice_runs(runs, 0, n))]
+    """The first ``n`` keys' runs, in prefix order (KVCacheManager.free; the blocks come last key
+    first)."""
+    return _slice_runs(runs, 0, n)
 
 
 class _Table:
@@ -175,7 +176,8 @@ def test_a_prefix_walk_stops_at_an_evicted_block_inside_a_trace_block(pool_class
     pool.cache_full_blocks(blocks, run)
     assert pool.cached_prefix(run) == blocks
     b1, b2, b3, b4 = blocks
-    pool.free_blocks([b2, b4, b3, b1], [run[0][1:2], run[0][3:4], run[0][2:3], run[0][0:1]], 0, 0)
+    # the blocks' keys, read back to front: the second, fourth, third and first
+    pool.free_blocks([b2, b4, b3, b1], [run[0][0:1], run[0][2:3], run[0][3:4], run[0][1:2]], 0, 0)
     pool.get_new_blocks(2)  # the never-used block, then b2 (evicted)
     assert pool.num_evictions == 1
     assert pool.cached_prefix(run) == [b1]
@@ -194,7 +196,7 @@ def test_a_run_whose_blocks_are_all_hit_leaves_the_free_queue():
     run = keys.key_runs(0, 4, 16)
     blocks = pool.get_new_blocks(4)
     pool.cache_full_blocks(blocks, run)
-    pool.free_blocks(blocks[::-1], [run[0][::-1]], 0, 0)
+    pool.free_blocks(blocks[::-1], [run[0]], 0, 0)
     assert len(pool.free_block_queue.runs) == 2 and pool.num_free == 10
     first_three = pool.cached_prefix([run[0][:3]])
     pool.touch(first_three, [run[0][:3]])
