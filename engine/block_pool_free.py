@@ -27,7 +27,7 @@ def free_registered(hash_map: BlockHashToBlockMap, extra_refs: dict[object, int]
     # (descending, the eviction order) is one slice compare and a list update per block.
     # (Plain loops over list[object]: compiled, no id is unboxed and boxed again.)
     tables = hash_map.tables
-    step = -hash_map.block_size
+    bs = hash_map.block_size
     batch = FreedBatch(queue.next_run_id)  # the run they join (taken only if any is freed)
     rid = batch.run_id
     freed = batch.blocks
@@ -39,7 +39,7 @@ def free_registered(hash_map: BlockHashToBlockMap, extra_refs: dict[object, int]
         if m == 0:
             continue
         top_key = rng.start + (m - 1) * rng.step  # its last key: the first block here
-        if top_key < 0 or (m > 1 and rng.step != -step):  # keys unique to the request
+        if top_key < 0 or (m > 1 and rng.step != bs):  # keys unique to the request
             for key in reversed(rng):
                 if key >= 0:
                     _release_slot(hash_map, extra_refs, key, blocks_o[j], batch)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right
-from operator import itemgetter
 from typing import Final
 
 from replay.base.errors import ConfigError
@@ -35,7 +34,6 @@ from replay.engine.kv_cache_manager import KVCacheManager
 from replay.engine.kv_tiers import TierChain, hit_tokens_per_tier
 from replay.engine.request import Request
 
-_first_key = itemgetter(0)
 # get_num_new_matched_tokens: the lookup met a block whose copy is still in flight (vLLM's
 # HIT_PENDING); the scheduler skips the request this step
 LOOKUP_DEFERRED: Final = -1
@@ -222,7 +220,7 @@ class OffloadManager:
             runs, groups = memo[5], memo[6]
         else:
             runs = self._runs(r, 0, num_blocks)
-            groups = list(map(key_group, map(_first_key, runs)))
+            groups = [key_group(run.start) for run in runs]
         if memo is not None and memo[0] == self.version and memo[4] == num_blocks:
             # Nothing touched the store since this request's own last lookup: its keys are still the
             # LRU tail in touch order (touching again changes nothing), and the hit count only needs
