@@ -108,7 +108,7 @@ class BlockKeys:
                 runs = self._key_runs(0, j1, bs)
                 self._runs = runs
                 self._runs_end = j1
-                return runs_slice(runs, 0, j1)
+                return list(runs)  # the kept list is never handed out
         return self._key_runs(j0, j1, bs)
 
     def _key_runs(self, j0: int, j1: int, bs: int) -> list[range]:

@@ -29,9 +29,9 @@ from __future__ import annotations
 from typing import Final
 
 from replay.engine.block_keys import key_group
-from replay.engine.run_list import RunList, Segment, runs_len, runs_slice
+from replay.engine.run_list import RunList, Segment, key_interval, runs_len
 
-__all__ = ["RunLRUStore", "runs_len", "runs_slice"]
+__all__ = ["RunLRUStore", "runs_len"]
 
 # _evict_front's outcomes
 _EVICTED: Final = 0
@@ -64,8 +64,7 @@ class RunLRUStore(RunList):
     # -- operations ----------------------------------------------------------------------------
     def _held(self, lst: list[Segment], a: int, step: int, n: int) -> int:
         """How many of the ``n`` keys ``a``, ``a + step``, ... the runs of their group (``lst``) hold."""
-        b = a + (n - 1) * step
-        lo, hi = (a, b) if a <= b else (b, a)
+        lo, hi = key_interval(a, step, n)
         s = self.stride
         if len(lst) == 1:  # the common case: no bisection, no list
             seg = lst[0]
@@ -91,9 +90,7 @@ class RunLRUStore(RunList):
 
     @staticmethod
     def _interval(r: range) -> tuple[int, int]:
-        a = r.start
-        b = a + (len(r) - 1) * r.step
-        return (a, b) if a <= b else (b, a)
+        return key_interval(r.start, r.step, len(r))
 
     def _protected(self, protected: list[range]) -> dict[int, list[tuple[int, int]]]:
         """This call's key intervals per group (eviction must skip them)."""
@@ -220,18 +217,12 @@ class RunLRUStore(RunList):
                         self._cut(seg, s0, s1)
             evicted = need
             self.size -= need
-        # Each run goes to the tail in reverse (its last key first: first + (n - 1) * step, by -step).
         if held:
             for run in reversed(runs):
-                n = len(run)
-                step = run.step
-                self._move_to_tail(run.start + (n - 1) * step, -step, n, batch)
+                self._move_run_to_tail(run, batch)
         else:  # nothing of the call is held: each run goes to the tail as it is
             for run in reversed(runs):
-                n = len(run)
-                step = run.step
-                a = run.start
-                self._append(a + (n - 1) * step, -step, n, batch, key_group(a))
+                self._append_run(run, batch)
         self.size += new
         return new, evicted
 
@@ -246,9 +237,7 @@ class RunLRUStore(RunList):
             return
         for run, group in zip(reversed(runs), reversed(groups)):
             if group in held:
-                n = len(run)
-                step = run.step
-                self._move_to_tail(run.start + (n - 1) * step, -step, n, None)
+                self._move_run_to_tail(run, None)
 
     def count_ready(self, runs: list[range], start: int, ready_below: int) -> int:
         hits = 0
@@ -282,8 +271,7 @@ class RunLRUStore(RunList):
                 return 0
             covered = ((seg.hi if step > 0 else seg.lo) + step - a) // step
             return covered if covered < n else n
-        b = a + (n - 1) * step
-        lo, hi = (a, b) if a <= b else (b, a)
+        lo, hi = key_interval(a, step, n)
         segs = [s for s in self._overlapping(key_group(a), lo, hi) if s.batch < ready_below]
         pos = a
         while segs:

@@ -27,7 +27,8 @@ import heapq
 from collections.abc import Callable
 
 from replay.base.errors import ConfigError
-from replay.engine.cpu_store import RunLRUStore, runs_len, runs_slice
+from replay.engine.block_keys import runs_slice
+from replay.engine.cpu_store import RunLRUStore, runs_len
 from replay.engine.kv_links import Link, transfer
 from replay.engine.kv_tier_config import KVTierConfig
 

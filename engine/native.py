@@ -29,6 +29,7 @@ NATIVE_MODULES = (
     "replay.engine.kv_cache_manager",
     "replay.engine.schedule_waiting",
     "replay.engine.scheduler",
+    "replay.engine.decode_steps",
     "replay.engine.decode_window",
     "replay.engine.key_lru_store",
     "replay.engine.run_list",

@@ -26,9 +26,9 @@ from bisect import bisect_right
 from typing import Final
 
 from replay.base.errors import ConfigError
-from replay.engine.block_keys import key_group
+from replay.engine.block_keys import key_group, runs_slice
 from replay.engine.config import HostOffloadConfig
-from replay.engine.cpu_store import RunLRUStore, runs_len, runs_slice
+from replay.engine.cpu_store import RunLRUStore, runs_len
 from replay.engine.key_lru_store import KeyLRUStore
 from replay.engine.kv_cache_manager import KVCacheManager
 from replay.engine.kv_tiers import TierChain, hit_tokens_per_tier

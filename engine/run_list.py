@@ -14,9 +14,7 @@ from bisect import bisect_right, insort
 from itertools import repeat
 from operator import attrgetter
 
-from replay.engine.block_keys import key_group, runs_slice
-
-__all__ = ["RunList", "Segment", "runs_len", "runs_slice"]
+from replay.engine.block_keys import key_group
 
 
 def runs_len(runs: list[range]) -> int:
@@ -25,6 +23,12 @@ def runs_len(runs: list[range]) -> int:
     for run in runs:
         n += len(run)
     return n
+
+
+def key_interval(first: int, step: int, n: int) -> tuple[int, int]:
+    """(lowest, highest) of the ``n`` keys ``first``, ``first + step``, ..."""
+    last = first + (n - 1) * step
+    return (first, last) if step > 0 else (last, first)
 
 
 class Segment:
@@ -47,21 +51,13 @@ class Segment:
         self.step = step
         self.first = first
         self.n = n
-        last = first + (n - 1) * step
-        if step > 0:
-            self.lo, self.hi = first, last
-        else:
-            self.lo, self.hi = last, first
+        self.lo, self.hi = key_interval(first, step, n)
 
     def set(self, first: int, n: int) -> None:
         """Keep ``n`` keys from ``first`` (same step)."""
         self.first = first
         self.n = n
-        last = first + (n - 1) * self.step
-        if self.step > 0:
-            self.lo, self.hi = first, last
-        else:
-            self.lo, self.hi = last, first
+        self.lo, self.hi = key_interval(first, self.step, n)
 
     def keys(self, i0: int, i1: int) -> range:
         """LRU positions i0..i1-1 as a range (what an eviction hands to the tier below)."""
@@ -158,6 +154,19 @@ class RunList:
         else:
             self._unlink(seg)
 
+    def _append_run(self, run: range, batch: int) -> None:
+        """Put the keys of ``run`` (prefix order) at the tail last key first (see ``_append``)."""
+        n = len(run)
+        step = run.step
+        a = run.start
+        self._append(a + (n - 1) * step, -step, n, batch, key_group(a))
+
+    def _move_run_to_tail(self, run: range, new_batch: int | None) -> None:
+        """``_move_to_tail`` of the keys of ``run`` (prefix order), last key first."""
+        n = len(run)
+        step = run.step
+        self._move_to_tail(run.start + (n - 1) * step, -step, n, new_batch)
+
     def _append(self, first: int, step: int, n: int, batch: int, group: int) -> None:
         """Put the ``n`` keys ``first``, ``first + step``, ... (LRU order) at the tail, extending the
         tail run when they continue it."""
@@ -175,8 +184,7 @@ class RunList:
         """Move the held keys among the ``n`` keys ``first``, ``first + step``, ... to the tail in
         that order; with ``new_batch``, add the missing ones there too (written by that batch)."""
         group = key_group(first)
-        last = first + (n - 1) * step
-        lo, hi = (first, last) if step > 0 else (last, first)
+        lo, hi = key_interval(first, step, n)
         lst = self.groups.get(group)
         if lst is not None and len(lst) == 1:
             seg = lst[0]
@@ -218,5 +226,6 @@ class RunList:
                 self._append(pos, step, (p0 - pos) // step, new_batch, group)
             self._append(p0, step, (p1 - p0) // step + 1, batch, group)
             pos = p1 + step
-        if new_batch is not None and pos != last + step:
-            self._append(pos, step, (last + step - pos) // step, new_batch, group)
+        end = first + n * step  # one step past the last key
+        if new_batch is not None and pos != end:
+            self._append(pos, step, (end - pos) // step, new_batch, group)

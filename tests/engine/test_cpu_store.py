@@ -12,8 +12,8 @@ import random
 
 import pytest
 
-from replay.engine.block_keys import BlockKeys, key_group
-from replay.engine.cpu_store import RunLRUStore, runs_len, runs_slice
+from replay.engine.block_keys import BlockKeys, key_group, runs_slice
+from replay.engine.cpu_store import RunLRUStore, runs_len
 from replay.engine.key_lru_store import KeyLRUStore
 
 

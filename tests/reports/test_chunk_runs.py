@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import replay.engine.decode_window as decode_window
+import replay.engine.decode_steps as decode_steps
 from replay.api import run as replay_run
 from replay.engine.scheduler import Scheduler
 from replay.reports.metrics import PROBS, itl_row
@@ -41,7 +41,7 @@ CASES = {
 # The reference taps the scheduler and the decode window from Python: a compiled engine calls them
 # natively, past the taps (the suite runs the source; tests/engine/test_native_core.py checks that
 # the compiled engine writes the same bytes).
-_SOURCE_ENGINE = decode_window.__file__.endswith(".py") and hasattr(Scheduler.update_from_output, "__code__")
+_SOURCE_ENGINE = decode_steps.__file__.endswith(".py") and hasattr(Scheduler.update_from_output, "__code__")
 
 
 def _replay_with_emissions(tmp_path: Path, overrides: list[str], monkeypatch) -> tuple[Path, list[tuple]]:
@@ -58,7 +58,7 @@ def _replay_with_emissions(tmp_path: Path, overrides: list[str], monkeypatch) ->
             emitted.append((r.request_id, end_ms, chunk_tokens[j] if chunk_tokens else 1))
         return result
 
-    window_cls = decode_window._DecodeWindow
+    window_cls = decode_steps.DecodeWindowSteps
     record = window_cls.record
 
     def spy_record(self, replica, first_step, s, running_after):
