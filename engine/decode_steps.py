@@ -9,16 +9,14 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from itertools import accumulate, islice, repeat
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from replay.engine.offload import OffloadManager
+from replay.engine.recorder import Recorder
 from replay.engine.request import Request
 from replay.engine.row_runs import ChangePoints, WindowRows
 from replay.engine.scheduler import Scheduler
 from replay.engine.timing.base import DecodeRun
-
-if TYPE_CHECKING:
-    from replay.engine.decode_window import DecodeWindowReplica
 
 
 def next_alloc_step(r, base: int, bs: int) -> int:
@@ -270,18 +268,17 @@ class DecodeWindowSteps:
         self.free_blocks.set(m, sched.kv.pool.get_num_free_blocks())
         return done
 
-    def record(self, replica: DecodeWindowReplica, first_step: int, s: int, running_after: int) -> None:
+    def record(self, rec: Recorder, replica: int, first_step: int, s: int, running_after: int) -> None:
         """The window's ``s`` step rows and their chunks (one token per request per step)."""
         sched = self.sched
-        rec = replica.recorder
         clock = self.clock
         times = clock.times
         offload = sched.offload
         rec.record_decode_window(WindowRows(
             first_step, times[:s], clock.durations[:s], self.nrun, len(sched.waiting),
             sched.kv.pool.num_gpu_blocks - 1, self.free_blocks, self.bytes_stored, self.cpu_blocks_used,
-            offload.num_cpu_blocks if offload is not None else 0, replica.replica, running_after))
-        rec.emit_decode_chunks(self.running, first_step, s, replica.replica)
+            offload.num_cpu_blocks if offload is not None else 0, replica, running_after))
+        rec.emit_decode_chunks(self.running, first_step, s, replica)
 
 
 def finishes_at(r: Request, max_model_len: int) -> int:

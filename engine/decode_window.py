@@ -152,7 +152,7 @@ def run_decode_window(replica: DecodeWindowReplica, start: DecodeWindowStart) ->
     num_running_after = nrun
     if s > m and finished is not None:  # the last step finished requests (update_from_output), freed
         num_running_after -= window.finish(times[s], m, finished)
-    window.record(replica, start.first_step, s, num_running_after)
+    window.record(replica.recorder, replica.replica, start.first_step, s, num_running_after)
     return DecodeWindowResult(times[s], s)
 
 
@@ -219,7 +219,7 @@ class OpenDecodeWindow:
         end_ms = window.clock.times[s]
         if s > self.first_finish and finished is not None:
             num_running_after -= window.finish(end_ms, self.first_finish, finished)
-        window.record(self.replica, self.start.first_step, s, num_running_after)
+        window.record(self.replica.recorder, self.replica.replica, self.start.first_step, s, num_running_after)
         return DecodeWindowResult(end_ms, s)
 
 

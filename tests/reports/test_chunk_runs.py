@@ -61,10 +61,10 @@ def _replay_with_emissions(tmp_path: Path, overrides: list[str], monkeypatch) ->
     window_cls = decode_steps.DecodeWindowSteps
     record = window_cls.record
 
-    def spy_record(self, replica, first_step, s, running_after):
+    def spy_record(self, rec, replica, first_step, s, running_after):
         for t in self.clock.times[1:s + 1]:
             emitted.extend((r.request_id, t, 1) for r in self.running)
-        return record(self, replica, first_step, s, running_after)
+        return record(self, rec, replica, first_step, s, running_after)
 
     monkeypatch.setattr(Scheduler, "update_from_output", spy_update)
     monkeypatch.setattr(window_cls, "record", spy_record)
