@@ -13,7 +13,7 @@ import numpy as np
 from replay.base.errors import ConfigError
 from replay.engine.config import LoadConfig
 from replay.engine.load_window import parse_window
-from replay.engine.trace_input import TraceArrays
+from replay.engine.trace_input import TraceArrays, sessions_of
 from replay.ingest.trace_checks import MAX_TIME_MS
 
 
@@ -73,13 +73,10 @@ def plan_arrivals(trace: TraceArrays, load: LoadConfig, seed: int, selected: np.
     is_open = np.ones(n, dtype=bool)
     last_in_session: dict[str, int] = {}
     session_delay: dict[str, float] = {}  # a session's closed-loop delays add up along its turns
-    session_ids = trace.session_id
     num_closed = 0
-    for pos in range(n):  # rows are in arrival order, so a session's turns come in order
+    positions, sessions = sessions_of(trace.session_id, selected)
+    for pos, sid in zip(positions, sessions):  # rows are in arrival order, so a session's turns come in order
         idx = int(selected[pos])
-        sid = session_ids[idx]
-        if sid is None:
-            continue
         prev = last_in_session.get(sid)
         last_in_session[sid] = idx
         d = delay[pos]

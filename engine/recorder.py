@@ -32,7 +32,7 @@ from replay.engine.output_schema import (
 from replay.engine.pd_outputs import POOL_FIELD, PDRequestColumns, pool_step_columns
 from replay.engine.request import Request
 from replay.engine.row_runs import ChunkRunRows, ColumnCutter, StepRow, StepRuns, WindowRows
-from replay.engine.trace_input import TraceArrays, string_array
+from replay.engine.trace_input import TraceArrays, session_array, string_array
 
 _ROW_GROUP = 1 << 20
 _CHUNK_RUNS_BUFFERED = 1 << 18  # closed chunk runs buffered before they go to the writer thread
@@ -201,12 +201,20 @@ class Recorder:
         self.finish[i] = r.finish_ms
         self.output_tokens[i] = r.num_output_tokens
         self.cached[i] = max(r.num_cached_tokens, 0)
-        self.cpu_hit[i] = max(r.num_cpu_hit_tokens, 0)
-        self.load_wait[i] = r.load_wait_ms
-        self.preemptions[i] = r.num_preemptions
-        self.drafts[i] = r.num_drafts
-        self.draft_tokens[i] = r.num_draft_tokens_total
-        self.accepted[i] = r.num_accepted_tokens
+        # Columns that stay zero without host offload, preemption or drafts are written only when
+        # not: their pages are then never touched, and cost no memory (10 M requests: 280 MB).
+        if r.num_cpu_hit_tokens > 0:
+            self.cpu_hit[i] = r.num_cpu_hit_tokens
+        if r.load_wait_ms:
+            self.load_wait[i] = r.load_wait_ms
+        if r.num_preemptions:
+            self.preemptions[i] = r.num_preemptions
+        if r.num_drafts:
+            self.drafts[i] = r.num_drafts
+        if r.num_draft_tokens_total:
+            self.draft_tokens[i] = r.num_draft_tokens_total
+        if r.num_accepted_tokens:
+            self.accepted[i] = r.num_accepted_tokens
         if r.tier_hit_tokens is not None:
             self.tier_hit[:, i] = r.tier_hit_tokens
         self.status[i] = 0
@@ -324,14 +332,13 @@ class Recorder:
             mal = np.where(drafts > 0, 1.0 + self.accepted[sel] / np.maximum(drafts, 1), np.nan)
         status_names = np.array([STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED], dtype=object)
         turn = t.turn[sel]
-        session = [t.session_id[i] for i in sel]
 
         def f64(x: np.ndarray) -> pa.Array:
             return pa.array(x, pa.float64(), from_pandas=True)  # NaN -> null
 
         cols = {
             "request_id": self._request_ids.take(pa.array(sel.astype(np.int64))),
-            "session_id": pa.array(session, pa.string()),
+            "session_id": session_array(t.session_id, sel),
             "turn": pa.array(np.where(turn >= 0, turn, 0).astype(np.int32), mask=turn < 0),
             "arrival_ms": pa.array(arrival, pa.float64()),
             "first_scheduled_ms": f64(first_sched),

@@ -2,19 +2,17 @@
 
 Kept apart from the replay itself (engine/run.py) so that the simulation's entry point reads as
 the steps of a replay, and so that the record's fields are assembled in one place. The reports
-and the sweep read run.json back (replay/run_summary.py, reports/); ``trace_fingerprint`` is the
-content hash they compare traces by.
+and the sweep read run.json back (replay/run_summary.py, reports/); the trace's fingerprint
+(ingest/fingerprint.py) is the content hash they compare traces by.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
 
 from replay.base.version import __version__
 from replay.engine.fleet_summary import fleet_summary
@@ -30,28 +28,6 @@ if TYPE_CHECKING:  # annotations only: run.py imports this module
     from replay.ingest.schema import TraceMetadata
 
 
-def trace_fingerprint(table: pa.Table) -> str:
-    """Content hash of the canonical columns: equal fingerprints mean the same trace."""
-    h = hashlib.sha256()
-
-    class _HashSink:  # IPC bytes go straight into the hash: no copy of the trace in memory
-        closed = False
-
-        def write(self, data) -> int:
-            h.update(data)
-            return len(data)
-
-        def flush(self) -> None:
-            pass
-
-    with pa.ipc.new_stream(pa.PythonFile(_HashSink(), mode="w"), table.schema.remove_metadata()) as writer:
-        writer.write_table(table.combine_chunks())
-    # The combined copy is freed, but Arrow's allocator keeps its pages (about the trace's size) for
-    # reuse unless told: hand them back.
-    pa.default_memory_pool().release_unused()
-    return h.hexdigest()
-
-
 @dataclass(frozen=True)
 class ReplayFacts:
     """What a completed replay hands to run.json: its inputs, and the engine state at the end."""
@@ -59,7 +35,7 @@ class ReplayFacts:
     config: EngineConfig
     config_source: str | None
     setup: EngineSetup
-    fingerprint: str  # trace_fingerprint of the canonical trace
+    fingerprint: str  # the canonical trace's fingerprint (ingest/fingerprint.py)
     meta: TraceMetadata
     trace: TraceArrays
     trace_file: Path  # where the replayed trace is stored (run.json points to it)

@@ -20,12 +20,23 @@ from replay.base.files import require_regular_file
 from replay.engine.config import EngineConfig, load_config, validate_config
 from replay.engine.fleet import ProgressFn
 from replay.engine.output_schema import REQUESTS_FILE, STEPS_FILE
-from replay.engine.run import prepare_trace, replay_prepared
-from replay.engine.run_setup import resolve_setup
+from replay.engine.run import PreparedTrace, prepare_trace, prepare_trace_file, replay_prepared
+from replay.engine.run_setup import EngineSetup, resolve_setup
 from replay.ingest.schema import TraceMetadata, is_canonical_trace, read_trace
 
 if TYPE_CHECKING:  # pandas costs half a second to import: only the result accessors need it
     import pandas as pd
+
+
+def prepare_any_trace(path: str | Path, cfg: EngineConfig, setup: EngineSetup, *, on_error: str = "fail",
+                      **ingest_options: Any) -> PreparedTrace:
+    """A trace made ready for ``replay_prepared``: a canonical Parquet trace read one row group at a
+    time into the engine's columns (``prepare_trace_file``), any other file converted in memory."""
+    require_regular_file(path, "trace file")
+    if is_canonical_trace(path):
+        return prepare_trace_file(path, cfg, setup, on_error=on_error)
+    table, meta = load_any_trace(path, **ingest_options)
+    return prepare_trace(table, meta, cfg, setup, trace_path=path, on_error=on_error)
 
 
 def load_any_trace(path: str | Path, **ingest_options: Any) -> tuple[pa.Table, TraceMetadata]:
@@ -80,13 +91,13 @@ def run(trace: str | Path, config: EngineConfig | str | Path | dict | None = Non
         ingest_options: dict[str, Any] | None = None) -> RunResult:
     """Replay ``trace`` with ``config`` (YAML path, dict, EngineConfig or None for vLLM defaults)."""
     cfg, source = resolve_config(config, overrides)
-    table, meta = load_any_trace(trace, **(ingest_options or {}))
+    setup = resolve_setup(cfg)
+    prepared = prepare_any_trace(trace, cfg, setup, on_error=on_error, **(ingest_options or {}))
     if outdir is None:
         outdir = Path(tempfile.mkdtemp(prefix="replay-")) / "out"
     progress_fn = progress if callable(progress) else None
     config_path = config if isinstance(config, (str, Path)) else None
-    prepared = prepare_trace(table, meta, cfg, resolve_setup(cfg), trace_path=trace, on_error=on_error)
-    del table  # the engine has its own columns now
     summary = replay_prepared(prepared, cfg, outdir, config_source=source, config_path=config_path,
-                              overwrite=overwrite, progress=progress_fn, check_invariants=check_invariants)
+                              overwrite=overwrite, progress=progress_fn, check_invariants=check_invariants,
+                              setup=setup)
     return RunResult(outdir=Path(summary.outdir), info=summary.run_info)

@@ -19,6 +19,7 @@ import numpy as np
 from replay.base.atomic import atomic_dir, write_json_atomic, write_text_atomic
 from replay.base.duckdb_conn import MEMORY_LIMIT_MB, connect, sql_literal
 from replay.base.errors import ReplayError
+from replay.ingest.fingerprint import PREFIX as FINGERPRINT_PREFIX
 from replay.reports.bootstrap import CI_LEVEL, QUANTILE, PairedChange, paired_bootstrap
 from replay.reports.charts import diff_charts, turn_label
 from replay.reports.configdiff import differing
@@ -79,6 +80,10 @@ def check_same_trace(a: Run, b: Run) -> None:
         missing = a.outdir if not fa else b.outdir
         raise ReplayError(f"{missing}/run.json has no trace.fingerprint: cannot tell whether both runs replayed "
                           "the same trace, so they cannot be diffed")
+    if fa.startswith(FINGERPRINT_PREFIX) != fb.startswith(FINGERPRINT_PREFIX):
+        older = a.outdir if not fa.startswith(FINGERPRINT_PREFIX) else b.outdir
+        raise ReplayError(f"{older} was replayed by an older replay, whose trace fingerprints are taken another way: "
+                          "replay it again to diff it against this one")
     if fa != fb:
         pa_ = (a.info.get("trace") or {}).get("path", "?")
         pb_ = (b.info.get("trace") or {}).get("path", "?")

@@ -129,21 +129,16 @@ def _check_columns(path: Path, schema) -> list[str]:
     return have.names
 
 
-def _trace_fingerprint(path: Path) -> str:
-    """The content fingerprint ``replay run`` records (replay.engine.run_info.trace_fingerprint of the canonical
-    table)."""
-    from replay.engine.run_info import trace_fingerprint
-    from replay.ingest.schema import read_trace
+def _is_replayed_trace(path: Path, recorded: str) -> bool:
+    """Whether the trace at ``path`` has the content fingerprint ``replay run`` recorded
+    (ingest/fingerprint.py; read a piece at a time)."""
+    from replay.ingest.fingerprint import same_trace
 
-    # Unchecked: the fingerprint is over the canonical table, which the row checks do not change; a
-    # trace that matches the run's fingerprint is the one the run checked.
-    table, _ = read_trace(path, check_rows=False)
-    fingerprint = trace_fingerprint(table)
-    del table
-    # The trace is freed, but Arrow's allocator keeps its pages for reuse unless told: hand them back
-    # before the report's queries start.
+    same = same_trace(path, recorded)
+    # Arrow's allocator keeps the pieces' pages for reuse unless told: hand them back before the
+    # report's queries start.
     pa.default_memory_pool().release_unused()
-    return fingerprint
+    return same
 
 
 def _find_trace(outdir: Path, info: dict[str, Any], notes: list[str]) -> Path | None:
@@ -162,7 +157,7 @@ def _find_trace(outdir: Path, info: dict[str, Any], notes: list[str]) -> Path | 
         if not recorded:
             notes.append(f"run.json records no trace fingerprint: the trace at {path} is used unverified")
             return path
-        if _trace_fingerprint(path) == recorded:
+        if _is_replayed_trace(path, recorded):
             return path
         differing.append(str(path))
     if differing:

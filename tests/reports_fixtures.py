@@ -188,11 +188,10 @@ def _config_dump(spec: RunSpec) -> dict:
 
 
 def _trace_fingerprint(path: Path) -> str:
-    """What `replay run` records: the content fingerprint of the canonical table (replay.engine.run_info)."""
-    from replay.engine.run_info import trace_fingerprint
-    from replay.ingest.schema import read_trace
+    """What `replay run` records: the content fingerprint of the canonical table (replay.ingest.fingerprint)."""
+    from replay.ingest.fingerprint import file_fingerprint
 
-    return trace_fingerprint(read_trace(path)[0])
+    return file_fingerprint(path)
 
 
 def write_run(outdir: Path, trace_path: Path, spec: RunSpec = RunSpec()) -> Path:

@@ -41,13 +41,13 @@ def run(
                                 "this many local processes (one core each); same outputs as without."),
 ) -> None:
     """Replay every request of TRACE through the modeled vLLM V1 engine and write what each experienced."""
-    from replay.api import load_any_trace, resolve_config
+    from replay.api import prepare_any_trace, resolve_config
 
     with user_errors():
         if on_error not in ("fail", "skip"):
             raise typer.BadParameter("--on-error takes fail or skip")
         cfg, source = resolve_config(config, set_)
-        from replay.engine.run import config_input_files, prepare_trace, replay_prepared
+        from replay.engine.run import config_input_files, replay_prepared
 
         # Fail before the long part: never onto the trace, the config or a file the config names.
         check_output_dir(outdir, overwrite=overwrite, inputs=[trace, *config_input_files(cfg, config)])
@@ -55,12 +55,11 @@ def run(
 
         setup = resolve_setup(cfg)  # first: a timer may go on loading its tables while the trace loads
         options = {k: v for k, v in (("format", trace_format), ("block_size", block_size)) if v is not None}
-        table, meta = load_any_trace(trace, **options)
-        total = cfg.load.max_requests and min(cfg.load.max_requests, table.num_rows) or table.num_rows
         started = time.perf_counter()
-        prepared = prepare_trace(table, meta, cfg, setup, trace_path=trace, on_error=on_error)
-        del table  # the engine has its own columns now (kept in `prepared` only where the replay reads it)
-        _release_memory()
+        prepared = prepare_any_trace(trace, cfg, setup, on_error=on_error, **options)
+        rows = len(prepared.arrays)
+        total = cfg.load.max_requests and min(cfg.load.max_requests, rows) or rows
+        _release_memory()  # what reading and converting the trace left in Arrow's allocator
         if quiet:
             summary = replay_prepared(prepared, cfg, outdir, config_source=source, config_path=config,
                                       overwrite=overwrite, check_invariants=check, setup=setup,

@@ -79,7 +79,7 @@ class SweepOptions:
 
 
 def _fingerprint(table) -> str:
-    from replay.engine.run_info import trace_fingerprint  # the fingerprint run.json records
+    from replay.ingest.fingerprint import trace_fingerprint  # the fingerprint run.json records
 
     return trace_fingerprint(table)
 
@@ -215,14 +215,14 @@ class SweepSession:
 def _place_trace(trace: Path, table, meta, root: Path, fingerprint: str) -> str:
     """The Parquet trace the workers read: the input itself when it is canonical, else SWEEPDIR/trace.parquet
     (written once; a SWEEPDIR holding another trace is refused)."""
-    from replay.ingest.schema import is_canonical_trace, read_trace
+    from replay.ingest.fingerprint import file_fingerprint
+    from replay.ingest.schema import is_canonical_trace
 
     if is_canonical_trace(trace):
         return str(trace.resolve())
     target = root / TRACE_FILE
     if target.is_file():
-        stored, _ = read_trace(target)
-        if _fingerprint(stored) != fingerprint:
+        if file_fingerprint(target) != fingerprint:
             raise ReplayError(f"{root}: holds a sweep of another trace ({TRACE_FILE} differs from {trace}); "
                               "choose a new -o")
         return str(target.resolve())
@@ -232,7 +232,6 @@ def _place_trace(trace: Path, table, meta, root: Path, fingerprint: str) -> str:
         pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}),
                                                       **meta.to_parquet_metadata()}), tmp, compression="zstd",
                        **CHECKSUMS)
-    stored, _ = read_trace(target)
-    if _fingerprint(stored) != fingerprint:  # the workers must replay exactly what was given
+    if file_fingerprint(target) != fingerprint:  # the workers must replay exactly what was given
         raise ReplayError(f"{target}: the stored trace does not read back identical to {trace}")
     return str(target.resolve())

@@ -118,6 +118,16 @@ def test_diff_refuses_different_traces(pair, tmp_path):
     (nofp / "run.json").write_text(json.dumps(info))
     with pytest.raises(ReplayError, match="no trace.fingerprint"):
         diff_runs(a, nofp)
+    # a run from before the v2 fingerprint, of the same trace: the schemes cannot be compared
+    from replay.ingest.fingerprint import legacy_fingerprint
+
+    older = tmp_path / "older"
+    shutil.copytree(a, older)
+    info = json.loads((older / "run.json").read_text())
+    info["trace"]["fingerprint"] = legacy_fingerprint(info["trace"]["path"])
+    (older / "run.json").write_text(json.dumps(info))
+    with pytest.raises(ReplayError, match=f"{older} was replayed by an older replay.*replay it again"):
+        diff_runs(older, a)
 
 
 def test_cli_diff_prints_the_summary(pair, tmp_path):
