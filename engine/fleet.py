@@ -27,6 +27,8 @@ from bisect import insort
 from collections.abc import Callable
 from typing import Protocol
 
+import numpy as np
+
 from replay.engine.arrivals import ArrivalPlan
 from replay.engine.block_hash_map import WholeTableIndex
 from replay.engine.block_keys import BlockKeys
@@ -46,6 +48,8 @@ ProgressFn = Callable[[float, int], None]
 _COMPLETE, TRANSFER_PHASE, _BEGIN = 0, 1, 2
 
 CONTROL_EVENT = -1  # the row of a controller event in the closed-loop arrival queue
+# Open arrivals between two hand-backs of the hash ids of rows already arrived (release_ids_before).
+_RELEASE_EVERY = 65_536
 
 
 class FleetControl(Protocol):
@@ -98,9 +102,14 @@ class FleetLoop(ReplicaBounds):
         self._dynamic: list[tuple[float, int, int]] = []  # (ready_ms, seq, idx): closed-loop releases
         self._dyn_seq = 0
         self._conc_next = 0
-        self._open_times = plan.open_times.tolist()
-        self._open_order = plan.open_order.tolist()
+        # Read through memoryviews (an item is a Python float or int, as from a list) rather than
+        # lists: 10 M arrivals as lists took 690 MB of Python objects beside the plan's arrays.
+        self._open_times = memoryview(np.ascontiguousarray(plan.open_times, dtype=np.float64))
+        self._open_order = memoryview(np.ascontiguousarray(plan.open_order, dtype=np.int64))
         self._open_ptr = 0
+        # Hand back the hash ids of rows already arrived: for the owner of a trace no other replay
+        # reads (run_fleet's caller says so); see _may_release_ids.
+        self.release_consumed_ids = False
         self._init_bounds()
         # Decode windows may take a step that finishes requests, unless a finish releases a request
         # (concurrency mode) or a closed-loop turn waits on it (it could be routed anywhere).
@@ -140,9 +149,21 @@ class FleetLoop(ReplicaBounds):
         self._dyn_seq += 1
         heapq.heappush(self._dynamic, (ready_ms, self._dyn_seq, idx))
 
+    def _may_release_ids(self) -> bool:
+        """Whether the rows before the next open arrival are done with (their hash ids may be handed
+        back): asked for, open arrivals only (no closed-loop turns, which come back to earlier rows;
+        no concurrency mode), in row order."""
+        plan = self.plan
+        if not self.release_consumed_ids or plan.dependents or plan.concurrency:
+            return False
+        order = np.asarray(self._open_order)
+        return bool(len(order) < 2 or (order[1:] > order[:-1]).all())
+
     def make_request(self, idx: int, time_ms: float) -> Request:
         """Trace row ``idx`` as a request arriving at ``time_ms``."""
         t = self.trace
+        if idx < t.ids_released_row:
+            raise RuntimeError(f"trace row {idx}: its hash ids were handed back (release_ids_before)")
         off = t.hash_offsets
         inp = int(t.input_tokens[idx])
         start, end = int(off[idx]), int(off[idx + 1])
@@ -310,6 +331,7 @@ class FleetLoop(ReplicaBounds):
         open_times = self._open_times
         open_order = self._open_order
         n_open = len(open_times)
+        release_every = _RELEASE_EVERY if self._may_release_ids() else 0
         horizon = self._horizon
         next_event = self._next_event
         on_finished = self._on_finished
@@ -360,6 +382,8 @@ class FleetLoop(ReplicaBounds):
                 self._open_ptr = ptr + 1
                 self.now = t_open
                 self._arrive(open_order[ptr], t_open, OPEN)
+                if release_every and (ptr + 1) % release_every == 0 and ptr + 1 < n_open:
+                    self.trace.release_ids_before(open_order[ptr + 1])
             else:
                 ready, _, idx = heapq.heappop(dynamic)
                 self.now = ready

@@ -45,8 +45,8 @@ class ReplicaBounds:
     admission: object | None
     _seq: int
     _dynamic: list[tuple[float, int, int]]
-    _open_times: list[float]
-    _open_order: list[int]
+    _open_times: memoryview  # float64, items read as Python floats
+    _open_order: memoryview  # int64, items read as Python ints
     _open_ptr: int
 
     def _init_bounds(self) -> None:

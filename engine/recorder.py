@@ -73,12 +73,14 @@ class Recorder:
         n = len(trace)
         self.trace = trace
         self.outdir = outdir
-        nan = np.full(n, np.nan)
         self.replayed = np.zeros(n, dtype=bool)
-        self.arrival = nan.copy()
-        self.first_scheduled = nan.copy()
-        self.first_token = nan.copy()
-        self.finish = nan.copy()
+        # Zeros, not NaN: a row's values are read only once it is replayed (``replayed``), and every
+        # way of ending a request writes the four (NaN where it has none), so their pages are
+        # touched only as requests end (10 M requests: 320 MB not held from the start).
+        self.arrival = np.zeros(n)
+        self.first_scheduled = np.zeros(n)
+        self.first_token = np.zeros(n)
+        self.finish = np.zeros(n)
         self.output_tokens = np.zeros(n, dtype=np.int32)
         self.cached = np.zeros(n, dtype=np.int32)
         self.cpu_hit = np.zeros(n, dtype=np.int32)
@@ -227,6 +229,7 @@ class Recorder:
     def request_rejected(self, idx: int, arrival_ms: float, reason: str) -> None:
         self.replayed[idx] = True
         self.arrival[idx] = arrival_ms
+        self.first_scheduled[idx] = self.first_token[idx] = self.finish[idx] = np.nan
         self.status[idx] = 1
         self.reject_reason[idx] = reason
         self.output_tokens[idx] = self.trace.output_tokens[idx]  # what was asked for: nothing was generated

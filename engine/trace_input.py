@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import mmap
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,6 +13,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replay.engine.trace_ids import chained_ids, scan_ids, shared_lead
+
+_PAGE = mmap.PAGESIZE
+_MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", None) if sys.platform.startswith("linux") else None
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return libc
 
 
 class StringColumn:
@@ -83,15 +97,19 @@ class CodedStrings:
 
 
 class _CodedStringsBuilder:
-    """``CodedStrings`` filled piece by piece: each piece's values coded against the distinct ones so far."""
+    """``CodedStrings`` filled piece by piece: each piece's values coded against the distinct ones
+    so far. No codes array until the first value (a trace without sessions: one -1 seen n times)."""
 
     def __init__(self, num_rows: int) -> None:
-        self.codes = np.full(num_rows, -1, dtype=np.int32)
+        self.num_rows = num_rows
+        self.codes: np.ndarray | None = None
         self.index: dict[str, int] = {}
 
     def put(self, lo: int, column: pa.ChunkedArray) -> None:
         for chunk in column.chunks:
             if chunk.null_count < len(chunk):
+                if self.codes is None:
+                    self.codes = np.full(self.num_rows, -1, dtype=np.int32)
                 encoded = chunk.dictionary_encode()
                 local = np.array([self.index.setdefault(v, len(self.index)) for v in encoded.dictionary.to_pylist()],
                                  dtype=np.int32)
@@ -101,7 +119,8 @@ class _CodedStringsBuilder:
             lo += len(chunk)
 
     def finish(self) -> CodedStrings:
-        return CodedStrings(self.codes, list(self.index))
+        codes = self.codes if self.codes is not None else np.broadcast_to(np.int32(-1), (self.num_rows,))
+        return CodedStrings(codes, list(self.index))
 
 
 def sessions_of(column: CodedStrings | list[str | None], rows: np.ndarray) -> tuple[list[int], list[str]]:
@@ -147,9 +166,49 @@ class TraceArrays:
     hash_block_size: int | None
     shared_lead: np.ndarray  # int32: leading ids of the row up to the last one another row has too
     rechained: bool = False  # the trace's ids were not chained and were made so (chained_ids)
+    ids_released_row: int = 0  # the ids of rows before this one were handed back (release_ids_before)
+    _released_to: int = 0  # address up to which the ids' pages were handed back
 
     def __len__(self) -> int:
         return len(self.request_id)
+
+    def release_ids_before(self, row: int) -> None:
+        """Hand the pages holding the hash ids of rows before ``row`` back to the system: a replay
+        that has made every such row into a request (or passed it by) never reads them again, and
+        at 10 M reuse-heavy rows they are 0.6 GB. Linux only (elsewhere nothing is released); the
+        ids read as zeros afterwards, so ``ids_released_row`` marks them unreadable."""
+        if row <= self.ids_released_row or _MADV_DONTNEED is None:
+            return
+        values = self.hash_values
+        base = values.ctypes.data
+        start = max(-(-base // _PAGE) * _PAGE, self._released_to)  # whole pages inside the array only
+        end = (base + int(self.hash_offsets[row]) * values.itemsize) // _PAGE * _PAGE
+        if end > start and _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED) == 0:
+            self._released_to = end
+        self.ids_released_row = row
+
+
+class _NullableColumn:
+    """A nullable column that costs no memory while every row is null (as turn, priority and delay
+    are in a trace without sessions): the array is made at the first value; until then, and if
+    none comes, it is one null value seen ``num_rows`` times (a read-only broadcast view)."""
+
+    def __init__(self, num_rows: int, dtype: type, null: float) -> None:
+        self.num_rows, self.dtype, self.null = num_rows, dtype, null
+        self.values: np.ndarray | None = None
+
+    def put(self, lo: int, column: pa.ChunkedArray) -> None:
+        if column.null_count == len(column):
+            return
+        if self.values is None:
+            self.values = np.full(self.num_rows, self.null, dtype=self.dtype)
+        arrow_type = pa.float64() if np.dtype(self.dtype).kind == "f" else pa.from_numpy_dtype(self.dtype)
+        self.values[lo:lo + len(column)] = column.cast(arrow_type).fill_null(self.null).to_numpy()
+
+    def finish(self) -> np.ndarray:
+        if self.values is not None:
+            return self.values
+        return np.broadcast_to(np.array(self.null, dtype=self.dtype), (self.num_rows,))
 
 
 class TraceArraysBuilder:
@@ -164,9 +223,9 @@ class TraceArraysBuilder:
         self._arrival = np.empty(num_rows, dtype=np.int64)
         self._input = np.empty(num_rows, dtype=np.int64)
         self._output = np.empty(num_rows, dtype=np.int64)
-        self._turn = np.empty(num_rows, dtype=np.int32)
-        self._priority = np.empty(num_rows, dtype=np.int32)
-        self._delay = np.empty(num_rows, dtype=np.float64)
+        self._turn = _NullableColumn(num_rows, np.int32, -1)
+        self._priority = _NullableColumn(num_rows, np.int32, 0)
+        self._delay = _NullableColumn(num_rows, np.float64, np.nan)
         self._offsets = np.zeros(num_rows + 1, dtype=np.int64)
         self._ids = np.empty(id_bound, dtype=np.uint32)
         self._request_ids: list[pa.Array] = []
@@ -187,9 +246,9 @@ class TraceArraysBuilder:
         self._arrival[lo:hi] = ints("arrival_ms", 0)
         self._input[lo:hi] = ints("input_tokens", 0)
         self._output[lo:hi] = ints("output_tokens", 0)
-        self._turn[lo:hi] = ints("turn", -1)
-        self._priority[lo:hi] = ints("priority", 0)
-        self._delay[lo:hi] = table.column("delay_ms").to_numpy()  # nulls are NaN
+        self._turn.put(lo, table.column("turn"))
+        self._priority.put(lo, table.column("priority"))
+        self._delay.put(lo, table.column("delay_ms"))  # nulls are NaN
         self._request_ids.extend(table.column("request_id").chunks)
         self._sessions.put(lo, table.column("session_id"))
         row = lo
@@ -234,9 +293,9 @@ class TraceArraysBuilder:
             hash_offsets=offsets,
             hash_values=flat,
             session_id=self._sessions.finish(),
-            turn=self._turn,
-            delay_ms=self._delay,
-            priority=self._priority,
+            turn=self._turn.finish(),
+            delay_ms=self._delay.finish(),
+            priority=self._priority.finish(),
             hash_block_size=self.hash_block_size,
             shared_lead=shared_lead(flat, offsets, scan.shared),
             rechained=rechained,

@@ -30,8 +30,8 @@ if TYPE_CHECKING:  # pandas costs half a second to import: only the result acces
 
 def prepare_any_trace(path: str | Path, cfg: EngineConfig, setup: EngineSetup, *, on_error: str = "fail",
                       **ingest_options: Any) -> PreparedTrace:
-    """A trace made ready for ``replay_prepared``: a canonical Parquet trace read one row group at a
-    time into the engine's columns (``prepare_trace_file``), any other file converted in memory."""
+    """A trace made ready for ``replay_prepared``: a canonical Parquet trace read a piece at a time
+    into the engine's columns (``prepare_trace_file``), any other file converted in memory."""
     require_regular_file(path, "trace file")
     if is_canonical_trace(path):
         return prepare_trace_file(path, cfg, setup, on_error=on_error)
@@ -99,5 +99,5 @@ def run(trace: str | Path, config: EngineConfig | str | Path | dict | None = Non
     config_path = config if isinstance(config, (str, Path)) else None
     summary = replay_prepared(prepared, cfg, outdir, config_source=source, config_path=config_path,
                               overwrite=overwrite, progress=progress_fn, check_invariants=check_invariants,
-                              setup=setup)
+                              setup=setup, once=True)
     return RunResult(outdir=Path(summary.outdir), info=summary.run_info)

@@ -63,7 +63,7 @@ def run(
         if quiet:
             summary = replay_prepared(prepared, cfg, outdir, config_source=source, config_path=config,
                                       overwrite=overwrite, check_invariants=check, setup=setup,
-                                      ray_address=ray, workers=workers)
+                                      ray_address=ray, workers=workers, once=True)
         else:
             columns = (TextColumn("[bold]replay[/]"), BarColumn(), MofNCompleteColumn(),
                        TextColumn("requests · sim {task.fields[sim]}"), TimeElapsedColumn())
@@ -75,7 +75,7 @@ def run(
 
                 summary = replay_prepared(prepared, cfg, outdir, config_source=source, config_path=config,
                                           overwrite=overwrite, progress=progress, check_invariants=check,
-                                          setup=setup, ray_address=ray, workers=workers)
+                                          setup=setup, ray_address=ray, workers=workers, once=True)
         wall = time.perf_counter() - started
         if not quiet:
             from replay.run_summary import print_run_summary

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -124,6 +125,13 @@ def test_a_prepared_trace_keeps_its_table_only_where_the_replay_reads_it(small_t
     table, meta = load_any_trace(small_trace)
     prepared = prepare_trace(table, meta, cfg, setup, trace_path=small_trace)
     assert prepared.table is None and len(prepared.requests.selected) == 40
+    # the CLI's way for a canonical file: read a piece at a time, the same fingerprint and columns
+    from replay.engine.run import prepare_trace_file
+
+    streamed = prepare_trace_file(small_trace, cfg, setup)
+    assert streamed.table is None and streamed.fingerprint == prepared.fingerprint
+    assert np.array_equal(streamed.requests.selected, prepared.requests.selected)
+    assert np.array_equal(streamed.arrays.hash_values, prepared.arrays.hash_values)
     raw = ROOT / "sample_traces" / "azure_code.csv"
     assert prepare_trace(*load_any_trace(raw), cfg, setup, trace_path=raw).table is not None
     clustered, _ = resolve_config(None, ["fleet.replicas=2", "fleet.clusters=2", "load.max_requests=40"])

@@ -133,6 +133,35 @@ def test_the_engine_columns_built_piece_by_piece_equal_the_whole_tables(tmp_path
         TraceArraysBuilder(table.num_rows + 1, 16, 0).finish()
 
 
+def test_columns_without_a_value_cost_no_memory():
+    """turn, priority and delay all null: one value seen n times (a broadcast view, no array); a
+    first value in a later piece makes the array, with the earlier rows null."""
+    table = _table(3000)
+    nulls = {name: pa.nulls(3000, table.schema.field(name).type)
+             for name in ("turn", "priority", "delay_ms", "session_id")}
+    blank = table
+    for name, col in nulls.items():
+        blank = blank.set_column(blank.schema.get_field_index(name), name, col)
+    arrays = trace_arrays(blank, 16)
+    assert arrays.session_id.codes.strides == (0,) and not arrays.session_id.any()
+    for name, null in (("turn", -1), ("priority", 0), ("delay_ms", np.nan)):
+        col = getattr(arrays, name)
+        assert col.strides == (0,) and len(col) == 3000, name
+        assert np.array_equal(col[[0, 2999]], [null, null], equal_nan=True)
+    late = blank.slice(0, 2000)
+    late = pa.concat_tables([late, table.slice(2000)])
+    builder = TraceArraysBuilder(3000, 16, 0)
+    for lo in range(0, 3000, 1000):
+        builder.add(late.slice(lo, 1000))
+    built = builder.finish()
+    whole = trace_arrays(table, 16)
+    assert built.turn.strides != (0,)
+    assert np.array_equal(built.turn[:2000], np.full(2000, -1)) and np.array_equal(built.turn[2000:], whole.turn[2000:])
+    assert np.isnan(built.delay_ms[:2000]).all()
+    assert [built.session_id[i] for i in (0, 1999, 2001)] == [None, None, table.column("session_id")[2001].as_py()]
+    assert np.array_equal(built.delay_ms[2000:], whole.delay_ms[2000:], equal_nan=True)
+
+
 def _bad(tmp_path, name: str, column: str, values: dict[int, object], group: int = 100):
     table = _table(1000)
     col = table.column(column).to_pylist()

@@ -1,0 +1,73 @@
+"""A replay that owns its trace hands back the hash ids of rows already arrived, with the same
+outputs; where an earlier row can still come back (closed-loop session turns) nothing is handed back."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from replay.api import resolve_config
+from replay.engine.run import prepare_trace_file, replay_prepared
+from replay.engine.run_setup import resolve_setup
+from replay.ingest.schema import TRACE_SCHEMA, TraceMetadata
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ids are handed back on Linux only")
+
+
+def _trace(path, n: int, *, sessions: bool) -> str:
+    """n rows of 64 ids each (1,024 prompt tokens), ids shared in prefixes of 32, 20 ms apart."""
+    rng = np.random.default_rng(3)
+    ids = [[int(rng.integers(0, 5)) * 1000 + j for j in range(32)] + [100_000 + i * 64 + j for j in range(32)]
+           for i in range(n)]
+    table = pa.Table.from_pydict({
+        "request_id": [f"q{i}" for i in range(n)],
+        "arrival_ms": np.arange(n, dtype=np.int64) * 20,
+        "input_tokens": np.full(n, 1024, dtype=np.int32),
+        "output_tokens": rng.integers(2, 30, n).astype(np.int32),
+        "hash_ids": pa.array(ids, pa.list_(pa.uint64())),
+        "session_id": pa.array([f"s{i % 5}" if sessions else None for i in range(n)], pa.string()),
+        "parent_id": pa.nulls(n, pa.string()),
+        "turn": pa.array([i // 5 if sessions else None for i in range(n)], pa.int32()),
+        "delay_ms": pa.array([100 if sessions and i >= 5 else None for i in range(n)], pa.int64()),
+        "priority": pa.nulls(n, pa.int32()),
+    }, schema=TRACE_SCHEMA)
+    meta = TraceMetadata(source_format="test", source_file="-", time_unit="ms", hash_block_size=16,
+                         prefix_identity="real")
+    pq.write_table(table.replace_schema_metadata(meta.to_parquet_metadata()), path)
+    return str(path)
+
+
+def _replay(trace: str, out, once: bool):
+    cfg, _ = resolve_config(None, ["kv_cache.num_gpu_blocks=2000"])
+    setup = resolve_setup(cfg)
+    prepared = prepare_trace_file(trace, cfg, setup)
+    replay_prepared(prepared, cfg, out, setup=setup, once=once)
+    return prepared.arrays
+
+
+def test_ids_of_arrived_rows_are_handed_back_with_the_same_outputs(tmp_path, monkeypatch):
+    from replay.engine import fleet
+
+    monkeypatch.setattr(fleet, "_RELEASE_EVERY", 100)
+    trace = _trace(tmp_path / "t.parquet", 1200, sessions=False)
+    kept = _replay(trace, tmp_path / "kept", once=False)
+    released = _replay(trace, tmp_path / "released", once=True)
+    assert kept.ids_released_row == 0 and released.ids_released_row == 1100
+    # the whole pages of the first 1,100 rows' ids read as zeros now: their memory went back
+    middle = slice(10_000, 60_000)  # rows 156 to 937
+    assert not released.hash_values[middle].any() and kept.hash_values[middle].any()
+    assert np.array_equal(released.hash_values[-64:], kept.hash_values[-64:])
+    for name in ("requests.parquet", "steps.parquet", "chunks.parquet"):
+        assert pq.read_table(tmp_path / "kept" / name).equals(pq.read_table(tmp_path / "released" / name)), name
+
+
+def test_closed_loop_turns_keep_every_id(tmp_path, monkeypatch):
+    from replay.engine import fleet
+
+    monkeypatch.setattr(fleet, "_RELEASE_EVERY", 10)
+    trace = _trace(tmp_path / "s.parquet", 200, sessions=True)
+    assert _replay(trace, tmp_path / "out", once=True).ids_released_row == 0
