@@ -34,6 +34,7 @@ from replay.engine.block_hash_map import WholeTableIndex
 from replay.engine.block_keys import BlockKeys
 from replay.engine.core import DYNAMIC, OPEN, EngineCore, sync_open_windows
 from replay.engine.fleet_bounds import ReplicaBounds
+from replay.engine.page_release import ConsumedPrefix
 from replay.engine.recorder import Recorder
 from replay.engine.replica_view import ReplicaView
 from replay.engine.request import Request
@@ -104,8 +105,11 @@ class FleetLoop(ReplicaBounds):
         self._conc_next = 0
         # Read through memoryviews (an item is a Python float or int, as from a list) rather than
         # lists: 10 M arrivals as lists took 690 MB of Python objects beside the plan's arrays.
-        self._open_times = memoryview(np.ascontiguousarray(plan.open_times, dtype=np.float64))
-        self._open_order = memoryview(np.ascontiguousarray(plan.open_order, dtype=np.int64))
+        times = np.ascontiguousarray(plan.open_times, dtype=np.float64)
+        order = np.ascontiguousarray(plan.open_order, dtype=np.int64)
+        self._open_times = memoryview(times)
+        self._open_order = memoryview(order)
+        self._open_consumed = (ConsumedPrefix(times), ConsumedPrefix(order))
         self._open_ptr = 0
         # Hand back the hash ids of rows already arrived: for the owner of a trace no other replay
         # reads (run_fleet's caller says so); see _may_release_ids.
@@ -158,6 +162,13 @@ class FleetLoop(ReplicaBounds):
             return False
         order = np.asarray(self._open_order)
         return bool(len(order) < 2 or (order[1:] > order[:-1]).all())
+
+    def _release_before(self, ptr: int) -> None:
+        """Every open arrival before position ``ptr`` has arrived: hand back the memory of their
+        rows' ids and of the plan's positions before it (engine/page_release.py)."""
+        self.trace.release_ids_before(self._open_order[ptr])
+        for consumed in self._open_consumed:
+            consumed.release_before(ptr)
 
     def make_request(self, idx: int, time_ms: float) -> Request:
         """Trace row ``idx`` as a request arriving at ``time_ms``."""
@@ -383,7 +394,7 @@ class FleetLoop(ReplicaBounds):
                 self.now = t_open
                 self._arrive(open_order[ptr], t_open, OPEN)
                 if release_every and (ptr + 1) % release_every == 0 and ptr + 1 < n_open:
-                    self.trace.release_ids_before(open_order[ptr + 1])
+                    self._release_before(ptr + 1)
             else:
                 ready, _, idx = heapq.heappop(dynamic)
                 self.now = ready

@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import mmap
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replay.engine.page_release import ConsumedPrefix
 from replay.engine.trace_ids import chained_ids, scan_ids, shared_lead
-
-_PAGE = mmap.PAGESIZE
-_MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", None) if sys.platform.startswith("linux") else None
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    return libc
 
 
 class StringColumn:
@@ -167,24 +154,24 @@ class TraceArrays:
     shared_lead: np.ndarray  # int32: leading ids of the row up to the last one another row has too
     rechained: bool = False  # the trace's ids were not chained and were made so (chained_ids)
     ids_released_row: int = 0  # the ids of rows before this one were handed back (release_ids_before)
-    _released_to: int = 0  # address up to which the ids' pages were handed back
+    _consumed: list[ConsumedPrefix] | None = None
 
     def __len__(self) -> int:
         return len(self.request_id)
 
     def release_ids_before(self, row: int) -> None:
-        """Hand the pages holding the hash ids of rows before ``row`` back to the system: a replay
-        that has made every such row into a request (or passed it by) never reads them again, and
-        at 10 M reuse-heavy rows they are 0.6 GB. Linux only (elsewhere nothing is released); the
-        ids read as zeros afterwards, so ``ids_released_row`` marks them unreadable."""
-        if row <= self.ids_released_row or _MADV_DONTNEED is None:
+        """Hand back the memory of the hash ids, id offsets and shared leads of rows before ``row``:
+        a replay that has made every such row into a request (or passed it by) never reads them
+        again (engine/page_release.py). ``ids_released_row`` marks them unreadable."""
+        if row <= self.ids_released_row:
             return
-        values = self.hash_values
-        base = values.ctypes.data
-        start = max(-(-base // _PAGE) * _PAGE, self._released_to)  # whole pages inside the array only
-        end = (base + int(self.hash_offsets[row]) * values.itemsize) // _PAGE * _PAGE
-        if end > start and _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED) == 0:
-            self._released_to = end
+        if self._consumed is None:
+            self._consumed = [ConsumedPrefix(self.hash_values), ConsumedPrefix(self.hash_offsets),
+                              ConsumedPrefix(self.shared_lead)]
+        ids, offsets, leads = self._consumed
+        ids.release_before(int(self.hash_offsets[row]))
+        offsets.release_before(row)
+        leads.release_before(row)
         self.ids_released_row = row
 
 

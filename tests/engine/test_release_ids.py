@@ -61,6 +61,8 @@ def test_ids_of_arrived_rows_are_handed_back_with_the_same_outputs(tmp_path, mon
     middle = slice(10_000, 60_000)  # rows 156 to 937
     assert not released.hash_values[middle].any() and kept.hash_values[middle].any()
     assert np.array_equal(released.hash_values[-64:], kept.hash_values[-64:])
+    # and the offsets of those rows: at least one whole page (512 of them) reads as zeros
+    assert (released.hash_offsets[:1100] == 0).sum() >= 512 and (kept.hash_offsets[:1100] == 0).sum() == 1
     for name in ("requests.parquet", "steps.parquet", "chunks.parquet"):
         assert pq.read_table(tmp_path / "kept" / name).equals(pq.read_table(tmp_path / "released" / name)), name
 
