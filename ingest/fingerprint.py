@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -28,7 +29,7 @@ class _HashSink:
 
     closed = False
 
-    def __init__(self, h: hashlib._Hash) -> None:
+    def __init__(self, h: Any) -> None:  # a hashlib hash object
         self.h = h
 
     def write(self, data) -> int:

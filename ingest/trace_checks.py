@@ -72,6 +72,7 @@ class _Failure:
     row: int  # 0-based, in the whole trace
     field: str
     message: str
+    request_id: str | None
     more: int = 0
 
 
@@ -93,7 +94,6 @@ class TraceRowChecker:
                              path=path)
         self.bs, self.path, self.replayable = bs, path, replayable
         self._failure: _Failure | None = None
-        self._failed_id: str | None = None
         self._last_arrival: int | None = None  # the previous piece's last arrival (rows must be in order)
         self._ids: list[pa.Array] = []  # request ids, piece by piece (the uniqueness check is trace-wide)
         self._rows = 0
@@ -111,10 +111,8 @@ class TraceRowChecker:
                 continue
             if self._failure is None:
                 i = int(hits[0])
-                self._failure = _Failure(rule, first + i, field, reason(i), len(hits) - 1)
-                if "request_id" in table.column_names:
-                    self._failed_id = table.column("request_id")[i].as_py()
-                only = rule
+                rid = table.column("request_id")[i].as_py() if "request_id" in table.column_names else None
+                self._failure = _Failure(rule, first + i, field, reason(i), rid, len(hits) - 1)
             elif rule == self._failure.rule:
                 self._failure.more += len(hits)
         if table.num_rows and "arrival_ms" in table.column_names:
@@ -130,7 +128,7 @@ class TraceRowChecker:
         """Raise for the first row refused, else check request ids are unique."""
         if self._failure is not None:
             f = self._failure
-            self._raise(f.row, f.field, f.message, self._failed_id, f.more)
+            self._raise(f.row, f.field, f.message, f.request_id, f.more)
         ids, self._ids = pa.chunked_array(self._ids, pa.string()), []
         if len(ids) > 1 and _has_duplicates(ids):
             first, second, rid = _first_duplicate(ids)

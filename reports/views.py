@@ -134,11 +134,7 @@ def _is_replayed_trace(path: Path, recorded: str) -> bool:
     (ingest/fingerprint.py; read a piece at a time)."""
     from replay.ingest.fingerprint import same_trace
 
-    same = same_trace(path, recorded)
-    # Arrow's allocator keeps the pieces' pages for reuse unless told: hand them back before the
-    # report's queries start.
-    pa.default_memory_pool().release_unused()
-    return same
+    return same_trace(path, recorded)  # hands Arrow's pages back before the report's queries
 
 
 def _find_trace(outdir: Path, info: dict[str, Any], notes: list[str]) -> Path | None:
