@@ -19,6 +19,8 @@ from replay.ingest.trace_checks import MAX_TIME_MS
 
 @dataclass
 class ArrivalPlan:
+    # The plan's own arrays (no view of the selection or the trace): a replay that owns its trace
+    # hands their pages back as it reads past them (FleetLoop._release_before).
     open_order: np.ndarray  # request indices released at fixed times, sorted by time
     open_times: np.ndarray  # float64 ms, non-decreasing
     dependents: dict[int, list[tuple[int, float]]] = field(default_factory=dict)  # prev -> [(idx, delay)]
@@ -54,7 +56,7 @@ def plan_arrivals(trace: TraceArrays, load: LoadConfig, seed: int, selected: np.
         times = np.cumsum(gaps) - gaps[0] if n else gaps
         check_clock(float(times[-1]) if n else 0.0, f"load.rate={load.rate:g}", "raise load.rate")
         return ArrivalPlan(
-            open_order=selected, open_times=times.astype(np.float64),
+            open_order=selected.copy(), open_times=times.astype(np.float64),
             delay_rule=(f"open-loop Poisson arrivals at {load.rate} req/s (seed {seed}) in trace order; "
                         "trace timestamps and session delays are ignored"),
         )

@@ -166,9 +166,12 @@ class FleetLoop(ReplicaBounds):
     def _release_before(self, ptr: int) -> None:
         """Every open arrival before position ``ptr`` has arrived: hand back the memory of their
         rows' ids and of the plan's positions before it (engine/page_release.py)."""
-        self.trace.release_ids_before(self._open_order[ptr])
+        row = self._open_order[ptr]
+        self.trace.release_ids_before(row)
         for consumed in self._open_consumed:
             consumed.release_before(ptr)
+        self.rec.write_settled_requests(row)
+        self.rec.release_unused_memory()
 
     def make_request(self, idx: int, time_ms: float) -> Request:
         """Trace row ``idx`` as a request arriving at ``time_ms``."""

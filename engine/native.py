@@ -39,6 +39,7 @@ NATIVE_MODULES = (
     "replay.engine.offload",
     "replay.engine.row_runs",
     "replay.engine.recorder",
+    "replay.engine.routers.active_blocks",
     "replay.engine.core",
     "replay.engine.timing.roofline_decode",
     "replay.engine.timing.aic_decode",

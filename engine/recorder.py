@@ -29,6 +29,7 @@ from replay.engine.output_schema import (
     STATUS_UNFINISHED,
     STEPS_SCHEMA,
 )
+from replay.engine.page_release import ConsumedPrefix
 from replay.engine.pd_outputs import POOL_FIELD, PDRequestColumns, pool_step_columns
 from replay.engine.request import Request
 from replay.engine.row_runs import ChunkRunRows, ColumnCutter, StepRow, StepRuns, WindowRows
@@ -120,6 +121,11 @@ class Recorder:
         self._writes = BackgroundWriter()  # row groups are encoded and written on a second thread
         self.num_chunks = 0
         self.num_steps = 0
+        # requests.parquet: its first row groups may be written while the replay runs
+        # (write_settled_requests), whose rows' columns are then handed back.
+        self._requests_writer: pq.ParquetWriter | None = None
+        self._requests_written = 0  # rows of requests.parquet written
+        self._settled_columns: list[ConsumedPrefix] | None = None
 
     # -- hot path ------------------------------------------------------------------------------
     def emit_chunks(self, reqs: list[Request], step: int, replica: int, tokens: list[int]) -> None:
@@ -290,7 +296,9 @@ class Recorder:
             self._writes.finish()
         except BaseException:  # noqa: BLE001 - best effort on the failure path
             pass
-        for w in (self._chunk_writer, self._step_writer):
+        for w in (self._chunk_writer, self._step_writer, self._requests_writer):
+            if w is None:
+                continue
             try:
                 w.close()
             except Exception:  # pragma: no cover - best effort on the failure path
@@ -309,14 +317,74 @@ class Recorder:
             raise RuntimeError("the replayed requests are not the trace's first rows: chunk runs' request "
                                "rows would not match requests.parquet")
 
+    def _open_requests_writer(self) -> pq.ParquetWriter:
+        if self._requests_writer is None:
+            self._requests_writer = pq.ParquetWriter(self.outdir / "requests.parquet", self._requests_schema,
+                                                     **_PARQUET_OPTS)
+        return self._requests_writer
+
+    def write_settled_requests(self, arrived_before: int) -> None:
+        """Every trace row before ``arrived_before`` that the replay selects has arrived: write each
+        whole row group of requests.parquet whose requests have all ended (finished or rejected),
+        and hand back the memory of those rows' per-request columns (engine/page_release.py), so a
+        long replay holds only the requests not yet written. The groups are the ones the final write
+        would make, so the file's bytes are the same. Kept whole: what the run's summary reads after
+        the replay (status, output tokens, arrival and finish times, replica) and what a disaggregated fleet's
+        columns or a cluster's merge read (no early writes there)."""
+        if self.pd_columns is not None or self.cluster_part:
+            return
+        rows = self.request_rows
+        while True:
+            lo = self._requests_written
+            hi = lo + _ROW_GROUP
+            if rows is None:  # the trace's first rows
+                if hi > arrived_before or not self.replayed[lo:hi].all():
+                    return
+                sel = np.arange(lo, hi)
+            else:
+                if hi > len(rows) or rows[hi - 1] >= arrived_before:
+                    return
+                sel = rows[lo:hi]
+                if not self.replayed[sel].all():
+                    return
+            self._open_requests_writer().write_table(self._requests_table(sel), row_group_size=_ROW_GROUP)
+            self._requests_written = hi
+            self._release_written_rows(int(sel[-1]) + 1)
+
+    def release_unused_memory(self) -> None:
+        """Hand back the pages Arrow's allocator keeps for reuse, on both threads (its heaps are per
+        thread): building and encoding row groups leaves them behind, and a long replay would carry
+        them to its end."""
+        pool = pa.default_memory_pool()
+        self._writes.submit(pool.release_unused)
+        pool.release_unused()
+
+    def _release_written_rows(self, end: int) -> None:
+        """Hand back the per-request columns of trace rows before ``end`` (written, never read again)."""
+        if self._settled_columns is None:
+            columns: list[np.ndarray] = [self.first_scheduled, self.first_token, self.cached, self.cpu_hit,
+                                         self.load_wait, self.preemptions, self.drafts, self.draft_tokens,
+                                         self.accepted]
+            for k in range(len(self.tier_names)):
+                columns.append(self.tier_hit[k])
+            self._settled_columns = [ConsumedPrefix(c) for c in columns]
+        for column in self._settled_columns:
+            column.release_before(end)
+        for i in [i for i in self.reject_reason if i < end]:
+            del self.reject_reason[i]
+
     def _write_requests(self) -> None:
         """requests.parquet, one row group at a time: the whole table at once would hold every
         column of every request beside the recorder's own (about 1.5 GB at 10 M requests). The same
-        bytes as one write of the whole table (row groups of _ROW_GROUP rows either way)."""
+        bytes as one write of the whole table (row groups of _ROW_GROUP rows either way), whether or
+        not write_settled_requests wrote the first groups during the replay."""
         sel = np.flatnonzero(self.replayed)
-        with pq.ParquetWriter(self.outdir / "requests.parquet", self._requests_schema, **_PARQUET_OPTS) as writer:
-            for lo in range(0, max(len(sel), 1), _ROW_GROUP):  # an empty replay writes its one empty group
-                writer.write_table(self._requests_table(sel[lo:lo + _ROW_GROUP]), row_group_size=_ROW_GROUP)
+        writer = self._open_requests_writer()
+        first = self._requests_written
+        end = len(sel) if first else max(len(sel), 1)  # an empty replay writes its one empty group
+        for lo in range(first, end, _ROW_GROUP):
+            writer.write_table(self._requests_table(sel[lo:lo + _ROW_GROUP]), row_group_size=_ROW_GROUP)
+        writer.close()
 
     def _requests_table(self, sel: np.ndarray) -> pa.Table:
         """The rows of requests.parquet for trace rows ``sel``."""

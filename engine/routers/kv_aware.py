@@ -36,73 +36,10 @@ from itertools import takewhile
 
 from replay.engine.replica_view import ReplicaView, prefix_hit_blocks_of
 from replay.engine.request import Request
+from replay.engine.routers.active_blocks import ActiveBlocks, kv_aware_costs
 from replay.engine.routers.base import Router, RouterContext
 
-
-class ActiveBlocks:
-    """The distinct prompt blocks of one worker's active requests (Dynamo's ActiveSequences), held
-    as key runs (BlockKeys.key_runs from block 0): a run is the blocks of one trace block, and as
-    block keys are chained, every request's run in a given trace block is a prefix of the same
-    sequence, named by its first key. So per run start the lengths held (with their counts) say
-    everything: the blocks held there are the longest length's, and a request's leading blocks
-    held are found run by run. Per request, work in runs (one per trace block), not in blocks."""
-
-    __slots__ = ("lengths", "longest", "num_blocks")
-
-    def __init__(self) -> None:
-        self.lengths: dict[int, dict[int, int]] = {}  # run start -> {length: active requests}
-        self.longest: dict[int, int] = {}  # run start -> the longest length held
-        self.num_blocks = 0  # distinct blocks held: the sum of the longest lengths
-
-    def add(self, runs: list[range]) -> None:
-        lengths, longest = self.lengths, self.longest
-        for run in runs:
-            n = len(run)
-            key = run.start
-            counts = lengths.get(key)
-            if counts is None:
-                lengths[key] = {n: 1}
-                longest[key] = n
-                self.num_blocks += n
-                continue
-            counts[n] = counts.get(n, 0) + 1
-            m = longest[key]
-            if n > m:
-                longest[key] = n
-                self.num_blocks += n - m
-
-    def remove(self, runs: list[range]) -> None:
-        lengths, longest = self.lengths, self.longest
-        for run in runs:
-            n = len(run)
-            key = run.start
-            counts = lengths[key]
-            left = counts[n] - 1
-            if left:
-                counts[n] = left
-                continue
-            del counts[n]
-            m = longest[key]
-            if not counts:
-                del lengths[key]
-                del longest[key]
-                self.num_blocks -= m
-            elif n == m:
-                m2 = max(counts)
-                longest[key] = m2
-                self.num_blocks -= m - m2
-
-    def held_prefix(self, runs: list[range]) -> int:
-        """Leading blocks of ``runs`` held by an active request."""
-        longest = self.longest
-        total = 0
-        for run in runs:
-            n = len(run)
-            m = longest.get(run.start, 0)
-            if m < n:
-                return total + m
-            total += n
-        return total
+__all__ = ["ActiveBlocks", "ApproxIndex", "KvAwareRouter", "PrefillLoad"]
 
 
 class ApproxIndex:
@@ -173,12 +110,9 @@ class KvAwareRouter(Router):
         runs = keys.key_runs(0, req.num_prompt_tokens // self.ctx.block_size, keys.block_size)
         return [run for run in runs if len(run)]
 
-    def _overlap(self, pos: int, replicas: list[ReplicaView], keys: list[int], runs: list[range],
-                 now_ms: float) -> int:
-        """Leading request blocks cached on the replica at position ``pos`` of ``replicas``."""
-        if self.kv_events:  # the replica's prefix cache itself, walked a trace block at a time
-            return replicas[pos].prefix_hit_blocks(runs)
-        index = self.approx[replicas[pos].replica]
+    def _approx_overlap(self, view: ReplicaView, keys: list[int], now_ms: float) -> int:
+        """Leading request blocks the approximate index remembers sending to ``view``'s replica."""
+        index = self.approx[view.replica]
         index.prune(now_ms)
         return sum(1 for _ in takewhile(index.expiry.__contains__, keys))
 
@@ -191,45 +125,43 @@ class KvAwareRouter(Router):
     def request_first_token(self, req: Request) -> None:
         self._settle_prefill(req)
 
-    def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
+    def costs(self, req: Request, replicas: list[ReplicaView], now_ms: float, new_tokens: list[int],
+              prompt_runs: list[range] | None = None) -> list[float]:
+        """Each replica's cost for ``req`` (in the order of ``replicas``); appends to ``new_tokens``
+        the prompt tokens each would have to compute. ``prompt_runs``: ``_prompt_runs(req)``, when
+        the caller has it. Every replica is asked at every arrival: its prefix cache in one compiled
+        pass (or the approximate index), then the costs in one compiled loop
+        (active_blocks.kv_aware_costs)."""
         bs = self.ctx.block_size
-        num_blocks = req.num_prompt_tokens // bs
-        prompt_runs = self._prompt_runs(req)
-        keys = [] if self.kv_events else self._prompt_keys(req)
-        runs = (prompt_runs if req.keys.block_size == bs else req.keys.key_runs(0, num_blocks, bs)) \
-            if self.kv_events else []
-        isl = req.num_prompt_tokens
-        costs: list[float] = []
+        if prompt_runs is None:
+            prompt_runs = self._prompt_runs(req)
+        if self.kv_events:
+            same_size = req.keys.block_size == bs
+            runs = prompt_runs if same_size else req.keys.key_runs(0, req.num_prompt_tokens // bs, bs)
+            overlaps = prefix_hit_blocks_of(replicas, runs)
+        else:
+            keys = self._prompt_keys(req)
+            overlaps = [self._approx_overlap(view, keys, now_ms) for view in replicas]
+        credits = None
+        if self.tier_weights:  # Dynamo's overlap credit for hits in host and disk tiers
+            credits = []
+            for pos, view in enumerate(replicas):
+                tiers = view.tier_hit_tokens(req, overlaps[pos] * bs, now_ms)
+                credits.append(int(sum([self.tier_weights.get(name, 0.0) * t for name, t in tiers.items()])))
+        return kv_aware_costs([view.replica for view in replicas], overlaps, credits, self.active,
+                              self.prefill_tokens, prompt_runs, req.num_prompt_tokens, bs, self.weight, new_tokens)
+
+    def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
         new_tokens: list[int] = []
-        # Every replica is asked at every arrival: its prefix cache in one compiled pass, and a request's
-        # active blocks checked at the first run before walking them (most replicas hold none).
-        overlaps = prefix_hit_blocks_of(replicas, runs) if self.kv_events else None
-        first = prompt_runs[0] if prompt_runs else None
-        for pos, view in enumerate(replicas):
-            w = view.replica
-            overlap = overlaps[pos] if overlaps is not None else self._overlap(pos, replicas, keys, runs, now_ms)
-            new = isl - overlap * bs
-            if self.tier_weights:  # Dynamo's overlap credit for hits in host and disk tiers
-                tiers = view.tier_hit_tokens(req, overlap * bs, now_ms)
-                new -= int(sum([self.tier_weights.get(name, 0.0) * t for name, t in tiers.items()]))
-            if new < 0:
-                new = 0
-            active = self.active[w]
-            held = 0
-            if first is not None:
-                held = active.longest.get(first.start, 0)
-                if held >= len(first):
-                    held = active.held_prefix(prompt_runs)
-            decode_blocks = num_blocks - held + active.num_blocks
-            costs.append(self.weight * (new + self.prefill_tokens[w]) / bs + decode_blocks)
-            new_tokens.append(new)
+        prompt_runs = self._prompt_runs(req)
+        costs = self.costs(req, replicas, now_ms, new_tokens, prompt_runs)
         pos = self._pick_min(costs) if self.temperature <= 0 else self._sample(costs)
         w = replicas[pos].replica
         self.active[w].add(prompt_runs)
         self.prefill_tokens[w] += new_tokens[pos]
         self.prefilling[req.idx] = PrefillLoad(w, new_tokens[pos])
         if self.approx is not None:
-            self.approx[w].insert(keys, now_ms)
+            self.approx[w].insert(self._prompt_keys(req), now_ms)
         return pos
 
     def _sample(self, costs: list[float]) -> int:

@@ -1,5 +1,6 @@
-"""A replay that owns its trace hands back the hash ids of rows already arrived, with the same
-outputs; where an earlier row can still come back (closed-loop session turns) nothing is handed back."""
+"""A replay that owns its trace hands back the hash ids of rows already arrived, and writes the
+requests that have ended as it goes, with the same outputs; where an earlier row can still come back
+(closed-loop session turns) nothing is handed back."""
 
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ def _trace(path, n: int, *, sessions: bool) -> str:
     return str(path)
 
 
-def _replay(trace: str, out, once: bool):
-    cfg, _ = resolve_config(None, ["kv_cache.num_gpu_blocks=2000"])
+def _replay(trace: str, out, once: bool, sets: tuple[str, ...] = ()):
+    cfg, _ = resolve_config(None, ["kv_cache.num_gpu_blocks=2000", *sets])
     setup = resolve_setup(cfg)
     prepared = prepare_trace_file(trace, cfg, setup)
     replay_prepared(prepared, cfg, out, setup=setup, once=once)
@@ -50,9 +51,10 @@ def _replay(trace: str, out, once: bool):
 
 
 def test_ids_of_arrived_rows_are_handed_back_with_the_same_outputs(tmp_path, monkeypatch):
-    from replay.engine import fleet
+    from replay.engine import fleet, recorder
 
     monkeypatch.setattr(fleet, "_RELEASE_EVERY", 100)
+    monkeypatch.setattr(recorder, "_ROW_GROUP", 256)  # requests.parquet's groups are written as they settle
     trace = _trace(tmp_path / "t.parquet", 1200, sessions=False)
     kept = _replay(trace, tmp_path / "kept", once=False)
     released = _replay(trace, tmp_path / "released", once=True)
@@ -65,6 +67,7 @@ def test_ids_of_arrived_rows_are_handed_back_with_the_same_outputs(tmp_path, mon
     assert (released.hash_offsets[:1100] == 0).sum() >= 512 and (kept.hash_offsets[:1100] == 0).sum() == 1
     for name in ("requests.parquet", "steps.parquet", "chunks.parquet"):
         assert pq.read_table(tmp_path / "kept" / name).equals(pq.read_table(tmp_path / "released" / name)), name
+    assert (tmp_path / "kept" / "requests.parquet").read_bytes() == (tmp_path / "released" / "requests.parquet").read_bytes()
 
 
 def test_closed_loop_turns_keep_every_id(tmp_path, monkeypatch):
@@ -73,3 +76,22 @@ def test_closed_loop_turns_keep_every_id(tmp_path, monkeypatch):
     monkeypatch.setattr(fleet, "_RELEASE_EVERY", 10)
     trace = _trace(tmp_path / "s.parquet", 200, sessions=True)
     assert _replay(trace, tmp_path / "out", once=True).ids_released_row == 0
+
+
+def test_poisson_arrivals_hand_back_only_the_plan_s_own_pages(tmp_path, monkeypatch):
+    """Poisson arrivals come in trace order: the plan's order is a copy of the selected rows, so
+    handing its pages back leaves the selection (which the recorder and the summary read) whole."""
+    import json
+
+    from replay.engine import fleet
+
+    monkeypatch.setattr(fleet, "_RELEASE_EVERY", 100)
+    trace = _trace(tmp_path / "t.parquet", 1200, sessions=False)
+    poisson = ("load.mode=poisson", "load.rate=40")
+    kept = _replay(trace, tmp_path / "kept", once=False, sets=poisson)
+    released = _replay(trace, tmp_path / "released", once=True, sets=poisson)
+    assert kept.ids_released_row == 0 and released.ids_released_row == 1100
+    for name in ("requests.parquet", "steps.parquet", "chunks.parquet"):
+        assert pq.read_table(tmp_path / "kept" / name).equals(pq.read_table(tmp_path / "released" / name)), name
+    totals = [json.loads((tmp_path / d / "run.json").read_text())["totals"] for d in ("kept", "released")]
+    assert totals[0] == totals[1] and totals[0]["finished"] == 1200

@@ -1,7 +1,8 @@
 """Routers see a replica only through ReplicaView: no router module imports the rest of the engine.
 
 A router module may import, of the engine, the view (engine/replica_view.py), the Request record
-(engine/request.py), the routers' own base and their options (engine/router_options.py); nothing else (not the core, the
+(engine/request.py), the routers' own base, their options (engine/router_options.py) and the
+KV-aware router's compiled bookkeeping (engine/routers/active_blocks.py); nothing else (not the core, the
 scheduler, the KV cache manager or the block pool). It also reads no engine object's internals
 through attribute names the view keeps private or the core exposes. Every .py file in
 engine/routers/ is checked, so a new router is held to this as soon as it is added.
@@ -21,7 +22,8 @@ PACKAGE = routers_package.__name__  # "replay.engine.routers"
 ENGINE = PACKAGE.rsplit(".", 1)[0]
 
 # Engine modules a router policy module may import.
-POLICY_ALLOWED = {f"{ENGINE}.replica_view", f"{ENGINE}.request", f"{PACKAGE}.base", f"{ENGINE}.router_options"}
+POLICY_ALLOWED = {f"{ENGINE}.replica_view", f"{ENGINE}.request", f"{PACKAGE}.base", f"{ENGINE}.router_options",
+                  f"{PACKAGE}.active_blocks"}
 # The interface module also names what a router knows before the run (RouterContext.trace) and
 # re-exports the seeded hash routers may use.
 BASE_ALLOWED = {f"{ENGINE}.replica_view", f"{ENGINE}.request", f"{ENGINE}.trace_input",

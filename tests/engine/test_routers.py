@@ -134,16 +134,8 @@ def test_kv_aware_cost_is_dynamos():
 
 
 def _costs(router, req, reps) -> list[float]:
-    """The router's costs for ``req`` without routing it (recomputed as route() does)."""
-    keys = router._prompt_keys(req)
-    out = []
-    for w in range(router.n):
-        overlap = router._overlap(w, reps, keys, req.keys.key_runs(0, len(keys), BS), 0.0)
-        new = max(0, req.num_prompt_tokens - overlap * BS)
-        shared = router.active[w].held_prefix(router._prompt_runs(req))
-        out.append(router.weight * (new + router.prefill_tokens[w]) / BS + len(keys) - shared
-                   + router.active[w].num_blocks)
-    return out
+    """The router's costs for ``req`` without routing it."""
+    return router.costs(req, reps, 0.0, [])
 
 
 @pytest.mark.parametrize("lookahead", [0, 8])
@@ -224,9 +216,9 @@ def test_kv_aware_approximate_mode_remembers_routed_blocks_for_the_ttl():
     r.request_finished(done, first)
     assert r.active[first].num_blocks == 0 and r.prefill_tokens[first] == 0
     keys = _keys([1, 2, 3, 4])
-    assert r._overlap(first, reps, keys, [], 500.0) == 4  # still remembered
+    assert r._approx_overlap(reps[first], keys, 500.0) == 4  # still remembered
     assert r.route(_req(1, [1, 2, 3, 4]), reps, 500.0) == first
-    assert r._overlap(first, reps, keys, [], 1501.0) == 0  # renewed at 500, forgotten 1 s later
+    assert r._approx_overlap(reps[first], keys, 1501.0) == 0  # renewed at 500, forgotten 1 s later
 
 
 def test_kv_aware_temperature_samples_but_prefers_cheap_replicas():

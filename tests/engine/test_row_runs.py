@@ -221,3 +221,39 @@ def test_requests_file_is_written_one_row_group_at_a_time(tmp_path, monkeypatch)
     pq.write_table(rec._requests_table(np.arange(5)), tmp_path / "whole.parquet", row_group_size=2,
                    **recorder_module._PARQUET_OPTS)
     assert (tmp_path / "whole.parquet").read_bytes() == (tmp_path / "requests.parquet").read_bytes()
+
+
+def test_settled_requests_are_written_early_and_their_columns_handed_back(tmp_path, monkeypatch) -> None:
+    """A row group of requests.parquet whose rows have all arrived and ended is written while the
+    replay runs (write_settled_requests) and its rows' timing columns go back to the system; the
+    file is byte for byte the one written at the end, and the columns the run's summary reads stay."""
+    monkeypatch.setattr(recorder_module, "_ROW_GROUP", 1024)
+    n = 2500
+    (tmp_path / "early").mkdir()
+    (tmp_path / "late").mkdir()
+    early, reqs = _recorder(tmp_path / "early", n)
+    late, late_reqs = _recorder(tmp_path / "late", n)
+    running = set(range(1500, 1510))  # still decoding when the first check comes
+
+    def end(rec: Recorder, rs: list[Request], rows) -> None:
+        for k in rows:
+            r = rs[k]
+            r.first_token_ms, r.finish_ms, r.num_output_tokens, r.num_cached_tokens = 1.0 + k, 2.0 + k, 5, 16
+            rec.request_finished(r)
+
+    for rec, rs in ((early, reqs), (late, late_reqs)):
+        end(rec, rs, [k for k in range(2100) if k not in running])
+        rec.request_rejected(2100, 5.0, "too long")
+    early.write_settled_requests(1000)  # not a whole group arrived yet: nothing written
+    assert early.first_token[:1000].all()
+    early.write_settled_requests(2400)  # the second group waits for rows 1500..1509
+    released = early.first_token[:2048] == 0
+    ended = [k for k in range(1024, 2048) if k not in running]
+    assert released[:1024].sum() >= 512 and not released[ended].any()  # whole pages of the first group only
+    assert early.finish[:1500].all() and early.output_tokens[:1500].all()  # the summary's columns stay
+    for rec, rs in ((early, reqs), (late, late_reqs)):
+        end(rec, rs, sorted(running) + list(range(2101, n)))
+        rec.close()
+    early_file = pq.ParquetFile(tmp_path / "early" / "requests.parquet")
+    assert [early_file.metadata.row_group(i).num_rows for i in range(3)] == [1024, 1024, 452]
+    assert (tmp_path / "early" / "requests.parquet").read_bytes() == (tmp_path / "late" / "requests.parquet").read_bytes()
