@@ -6,6 +6,7 @@ and concurrency slots), which the simulator releases as requests finish.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,36 +66,51 @@ def plan_arrivals(trace: TraceArrays, load: LoadConfig, seed: int, selected: np.
     # is closed-loop: ready at the previous turn's completion + delay (both scaled by speedup).
     speedup = float(load.speedup)
     start = parse_window(load.window).start_ms if load.window is not None else 0.0
-    arrival = trace.arrival_ms[selected].astype(np.float64)
+    # At 10 M rows every whole-selection temporary is 80 MB: the common case (no session turns, rows
+    # in arrival order) makes the arrival times once, in place, and the order as one copy.
+    arrival = _selected_values(trace.arrival_ms, selected).astype(np.float64)
     if start:  # a window's replay starts at the window's start
-        arrival = arrival - start
+        arrival -= start
     with np.errstate(over="ignore"):  # a speedup this small is refused below (check_clock), naming the key
-        arrival = arrival / speedup
-    delay = trace.delay_ms[selected]
+        arrival /= speedup
     dependents: dict[int, list[tuple[int, float]]] = {}
-    is_open = np.ones(n, dtype=bool)
+    closed: list[int] = []  # positions of the closed-loop rows
     last_in_session: dict[str, int] = {}
     session_delay: dict[str, float] = {}  # a session's closed-loop delays add up along its turns
-    num_closed = 0
     positions, sessions = sessions_of(trace.session_id, selected)
-    for pos, sid in zip(positions, sessions):  # rows are in arrival order, so a session's turns come in order
+    delays = trace.delay_ms[selected[positions]].tolist() if positions else []
+    for pos, sid, d in zip(positions, sessions, delays):  # rows are in arrival order: a session's turns in order
         idx = int(selected[pos])
         prev = last_in_session.get(sid)
         last_in_session[sid] = idx
-        d = delay[pos]
-        if prev is not None and not np.isnan(d):
-            dependents.setdefault(prev, []).append((idx, float(d) / speedup))
-            session_delay[sid] = session_delay.get(sid, 0.0) + float(d) / speedup
-            is_open[pos] = False
-            num_closed += 1
-    open_idx = selected[is_open]
-    open_times = arrival[is_open]
+        if prev is not None and not math.isnan(d):
+            dependents.setdefault(prev, []).append((idx, d / speedup))
+            session_delay[sid] = session_delay.get(sid, 0.0) + d / speedup
+            closed.append(pos)
+    num_closed = len(closed)
+    if closed:
+        is_open = np.ones(n, dtype=bool)
+        is_open[closed] = False
+        open_idx, open_times = selected[is_open], arrival[is_open]
+    else:
+        open_idx, open_times = selected.copy(), arrival  # the plan's own arrays (ArrivalPlan)
     horizon = (float(open_times.max()) if len(open_times) else 0.0) + max(session_delay.values(), default=0.0)
     check_clock(horizon, f"load.speedup={speedup:g}", "raise load.speedup")
-    sort = np.argsort(open_times, kind="stable")
+    if len(open_times) > 1 and not (open_times[1:] >= open_times[:-1]).all():
+        sort = np.argsort(open_times, kind="stable")
+        open_idx, open_times = open_idx[sort], open_times[sort]
     shifted = f"(minus the window start, {load.window}) " if start else ""
     rule = (f"trace timestamps {shifted}/ speedup {speedup:g}; {num_closed} later session turns with delay_ms are "
             "closed-loop (ready at the previous turn's finish + delay_ms / speedup); rows without delay_ms "
             "keep their timestamps (open loop)")
-    return ArrivalPlan(open_order=open_idx[sort], open_times=open_times[sort], dependents=dependents,
-                       delay_rule=rule)
+    return ArrivalPlan(open_order=open_idx, open_times=open_times, dependents=dependents, delay_rule=rule)
+
+
+def _selected_values(column: np.ndarray, selected: np.ndarray) -> np.ndarray:
+    """``column[selected]``, as a view when the selection is a run of consecutive rows (the first
+    ``load.max_requests``, a window): no copy of the column beside the one the caller makes."""
+    n = len(selected)
+    if n and int(selected[-1]) - int(selected[0]) == n - 1:
+        lo = int(selected[0])
+        return column[lo:lo + n]
+    return column[selected]
