@@ -140,7 +140,7 @@ def prefill_pool_rejects(trace: TraceArrays, selected: np.ndarray, config: Engin
     setup = resolve_setup(pool_cfg)
     bs = pool_cfg.kv_cache.block_size
     usable = setup.num_gpu_blocks - 1
-    inp = trace.input_tokens[selected]
+    inp = trace.input_tokens[selected].astype(np.int64)
     needed = -(-inp // bs)
     rejected = {}
     for pos in np.flatnonzero(needed > usable):

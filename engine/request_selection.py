@@ -24,8 +24,8 @@ def find_unreplayable(trace: TraceArrays, selected: np.ndarray, config: EngineCo
     bs = config.kv_cache.block_size
     k = config.speculative.num_speculative_tokens if config.speculative else 0
     usable = setup.num_gpu_blocks - 1
-    inp = trace.input_tokens[selected]
-    out = trace.output_tokens[selected]
+    inp = trace.input_tokens[selected].astype(np.int64)  # sums of int32 token counts may not fit int32
+    out = trace.output_tokens[selected].astype(np.int64)
     too_long = inp + out > setup.max_model_len
     # KV needed at the last step: every token but the last sampled one, plus MTP lookahead slots.
     blocks_needed = -(-(inp + out - 1 + k) // bs)

@@ -139,8 +139,8 @@ def string_array(column: StringColumn | list[str]) -> pa.Array:
 class TraceArrays:
     request_id: StringColumn | list[str]
     arrival_ms: np.ndarray  # int64
-    input_tokens: np.ndarray  # int64
-    output_tokens: np.ndarray  # int64
+    input_tokens: np.ndarray  # int32, as the canonical schema stores them
+    output_tokens: np.ndarray  # int32
     hash_offsets: np.ndarray  # int64, len n + 1; row i's ids are hash_values[off[i]:off[i+1]]
     # Every row's ids back to back, uint32 when every id fits (4 bytes an id), else uint64 (a Python
     # int list took about 30); a request takes its own ids as Python ints when it arrives
@@ -208,8 +208,8 @@ class TraceArraysBuilder:
     def __init__(self, num_rows: int, hash_block_size: int | None, id_bound: int) -> None:
         self.num_rows, self.hash_block_size = num_rows, hash_block_size
         self._arrival = np.empty(num_rows, dtype=np.int64)
-        self._input = np.empty(num_rows, dtype=np.int64)
-        self._output = np.empty(num_rows, dtype=np.int64)
+        self._input = np.empty(num_rows, dtype=np.int32)  # the canonical schema's int32 (not widened:
+        self._output = np.empty(num_rows, dtype=np.int32)  # 80 MB at 10 M rows)
         self._turn = _NullableColumn(num_rows, np.int32, -1)
         self._priority = _NullableColumn(num_rows, np.int32, 0)
         self._delay = _NullableColumn(num_rows, np.float64, np.nan)
