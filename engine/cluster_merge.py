@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from replay.base.parquet_io import CHECKSUMS
-from replay.engine.output_schema import CHUNKS_FILE, REQUESTS_FILE
+from replay.engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, REQUESTS_ROW_GROUP
 
 _ROWS_PER_GROUP = 1 << 20
 _WRITE_OPTIONS = dict(compression="snappy", write_statistics=True, use_dictionary=True, **CHECKSUMS)
@@ -47,7 +47,7 @@ def merge_requests(folders: list[Path], rows: list[np.ndarray], offsets: list[in
     table = pa.concat_tables(tables)
     order = np.argsort(np.concatenate(rows), kind="stable")
     table = table.take(pa.array(order))
-    pq.write_table(table, dst / REQUESTS_FILE, row_group_size=_ROWS_PER_GROUP, **_WRITE_OPTIONS)
+    pq.write_table(table, dst / REQUESTS_FILE, row_group_size=REQUESTS_ROW_GROUP, **_WRITE_OPTIONS)
 
 
 def merge_rows(folders: list[Path], name: str, offsets: list[int], dst: Path,

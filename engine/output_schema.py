@@ -9,6 +9,10 @@ from __future__ import annotations
 import pyarrow as pa
 
 REQUESTS_FILE = "requests.parquet"
+# Rows per row group of requests.parquet (the recorder and a clustered run's merge write the same
+# groups). Each group is built as one Arrow table, about 250 MB a million rows: a quarter of that
+# bounds what writing a group adds to a replay's memory, which at 10 M requests runs close to 2 GB.
+REQUESTS_ROW_GROUP = 1 << 18
 CHUNKS_FILE = "chunks.parquet"
 STEPS_FILE = "steps.parquet"
 RUN_FILE = "run.json"

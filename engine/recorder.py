@@ -23,6 +23,7 @@ from replay.engine.background_writer import BackgroundWriter
 from replay.engine.output_schema import (
     CHUNKS_FILE,
     CHUNKS_SCHEMA,
+    REQUESTS_ROW_GROUP,
     REQUESTS_SCHEMA,
     STATUS_FINISHED,
     STATUS_REJECTED,
@@ -336,7 +337,7 @@ class Recorder:
         rows = self.request_rows
         while True:
             lo = self._requests_written
-            hi = lo + _ROW_GROUP
+            hi = lo + REQUESTS_ROW_GROUP
             if rows is None:  # the trace's first rows
                 if hi > arrived_before or not self.replayed[lo:hi].all():
                     return
@@ -347,7 +348,8 @@ class Recorder:
                 sel = rows[lo:hi]
                 if not self.replayed[sel].all():
                     return
-            self._open_requests_writer().write_table(self._requests_table(sel), row_group_size=_ROW_GROUP)
+            writer = self._open_requests_writer()
+            writer.write_table(self._requests_table(sel), row_group_size=REQUESTS_ROW_GROUP)
             self._requests_written = hi
             self._release_written_rows(int(sel[-1]) + 1)
 
@@ -376,14 +378,15 @@ class Recorder:
     def _write_requests(self) -> None:
         """requests.parquet, one row group at a time: the whole table at once would hold every
         column of every request beside the recorder's own (about 1.5 GB at 10 M requests). The same
-        bytes as one write of the whole table (row groups of _ROW_GROUP rows either way), whether or
-        not write_settled_requests wrote the first groups during the replay."""
+        bytes as one write of the whole table (row groups of REQUESTS_ROW_GROUP rows either way),
+        whether or not write_settled_requests wrote the first groups during the replay."""
         sel = np.flatnonzero(self.replayed)
         writer = self._open_requests_writer()
         first = self._requests_written
         end = len(sel) if first else max(len(sel), 1)  # an empty replay writes its one empty group
-        for lo in range(first, end, _ROW_GROUP):
-            writer.write_table(self._requests_table(sel[lo:lo + _ROW_GROUP]), row_group_size=_ROW_GROUP)
+        group = REQUESTS_ROW_GROUP
+        for lo in range(first, end, group):
+            writer.write_table(self._requests_table(sel[lo:lo + group]), row_group_size=group)
         writer.close()
 
     def _requests_table(self, sel: np.ndarray) -> pa.Table:

@@ -62,7 +62,7 @@ def test_ids_of_arrived_rows_are_handed_back_with_the_same_outputs(tmp_path, mon
     from replay.engine import fleet, recorder
 
     monkeypatch.setattr(fleet, "_RELEASE_EVERY", 100)
-    monkeypatch.setattr(recorder, "_ROW_GROUP", 256)  # requests.parquet's groups are written as they settle
+    monkeypatch.setattr(recorder, "REQUESTS_ROW_GROUP", 256)  # requests.parquet's groups are written as they settle
     trace = _trace(tmp_path / "t.parquet", 1200, sessions=False)
     kept = _replay(trace, tmp_path / "kept", once=False)
     released = _replay(trace, tmp_path / "released", once=True)

@@ -209,7 +209,7 @@ def test_recorder_row_groups_never_depend_on_batching(tmp_path, monkeypatch, emi
 def test_requests_file_is_written_one_row_group_at_a_time(tmp_path, monkeypatch) -> None:
     """requests.parquet is built a row group at a time (the whole table at once held every column of
     every request) and is byte for byte the file one write of the whole table gives."""
-    monkeypatch.setattr(recorder_module, "_ROW_GROUP", 2)
+    monkeypatch.setattr(recorder_module, "REQUESTS_ROW_GROUP", 2)
     rec, reqs = _recorder(tmp_path, 5)
     for k, r in enumerate(reqs):
         r.first_token_ms, r.finish_ms, r.num_output_tokens = 1.0 + k, 2.0 + k, 5
@@ -227,7 +227,7 @@ def test_settled_requests_are_written_early_and_their_columns_handed_back(tmp_pa
     """A row group of requests.parquet whose rows have all arrived and ended is written while the
     replay runs (write_settled_requests) and its rows' timing columns go back to the system; the
     file is byte for byte the one written at the end, and the columns the run's summary reads stay."""
-    monkeypatch.setattr(recorder_module, "_ROW_GROUP", 1024)
+    monkeypatch.setattr(recorder_module, "REQUESTS_ROW_GROUP", 1024)
     n = 2500
     (tmp_path / "early").mkdir()
     (tmp_path / "late").mkdir()
