@@ -126,12 +126,12 @@ class KvAwareRouter(Router):
         self._settle_prefill(req)
 
     def costs(self, req: Request, replicas: list[ReplicaView], now_ms: float, new_tokens: list[int],
-              prompt_runs: list[range] | None = None) -> list[float]:
+              prompt_runs: list[range] | None = None, keys: list[int] | None = None) -> list[float]:
         """Each replica's cost for ``req`` (in the order of ``replicas``); appends to ``new_tokens``
-        the prompt tokens each would have to compute. ``prompt_runs``: ``_prompt_runs(req)``, when
-        the caller has it. Every replica is asked at every arrival: its prefix cache in one compiled
-        pass (or the approximate index), then the costs in one compiled loop
-        (active_blocks.kv_aware_costs)."""
+        the prompt tokens each would have to compute. ``prompt_runs`` and (approximate mode)
+        ``keys``: ``_prompt_runs(req)`` and ``_prompt_keys(req)``, when the caller has them. Every
+        replica is asked at every arrival: its prefix cache in one compiled pass (or the approximate
+        index), then the costs in one compiled loop (active_blocks.kv_aware_costs)."""
         bs = self.ctx.block_size
         if prompt_runs is None:
             prompt_runs = self._prompt_runs(req)
@@ -140,7 +140,8 @@ class KvAwareRouter(Router):
             runs = prompt_runs if same_size else req.keys.key_runs(0, req.num_prompt_tokens // bs, bs)
             overlaps = prefix_hit_blocks_of(replicas, runs)
         else:
-            keys = self._prompt_keys(req)
+            if keys is None:
+                keys = self._prompt_keys(req)
             overlaps = [self._approx_overlap(view, keys, now_ms) for view in replicas]
         credits = None
         if self.tier_weights:  # Dynamo's overlap credit for hits in host and disk tiers
@@ -154,14 +155,15 @@ class KvAwareRouter(Router):
     def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
         new_tokens: list[int] = []
         prompt_runs = self._prompt_runs(req)
-        costs = self.costs(req, replicas, now_ms, new_tokens, prompt_runs)
+        keys = self._prompt_keys(req) if self.approx is not None else None
+        costs = self.costs(req, replicas, now_ms, new_tokens, prompt_runs, keys)
         pos = self._pick_min(costs) if self.temperature <= 0 else self._sample(costs)
         w = replicas[pos].replica
         self.active[w].add(prompt_runs)
         self.prefill_tokens[w] += new_tokens[pos]
         self.prefilling[req.idx] = PrefillLoad(w, new_tokens[pos])
-        if self.approx is not None:
-            self.approx[w].insert(self._prompt_keys(req), now_ms)
+        if self.approx is not None and keys is not None:
+            self.approx[w].insert(keys, now_ms)
         return pos
 
     def _sample(self, costs: list[float]) -> int:
