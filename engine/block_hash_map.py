@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Final, final
 
 from replay.engine import block_keys
+from replay.engine.whole_table_index import WholeTableIndex
 
 # engine/block_keys.py's key stride, as a constant of this module: compiled code inlines a Final of
 # its own module but reads an imported one from the module dict at every use (73 -> 31 ns a slot).
@@ -94,87 +95,6 @@ class SlotTable:
                 blocks.pop()
                 refs.pop()
                 runs.pop()
-
-
-@final
-class WholeTableIndex:
-    """Which maps of a fleet hold each trace block's table whole (every slot filled, or every slot
-    but slot 0: SlotTable.whole_key), by whole key: ``whole[tid][key]`` is a bitmask of maps (one
-    bit each). A router asking every replica how
-    much of a prompt it holds walks the prompt once for all of them (``prefix_lens``): a map whose
-    tables are whole through a run passes it with the others, and only where it drops out (usually
-    at one run) is its own table read. Dynamo's router keeps one radix tree over every worker's
-    blocks for the same reason. Each map keeps its bits current as its tables fill and empty."""
-
-    def __init__(self) -> None:
-        self.whole: dict[int, dict[int, int]] = {}
-        self.num_maps = 0
-
-    def add_map(self) -> int:
-        """A new member's bit."""
-        bit = 1 << self.num_maps
-        self.num_maps += 1
-        return bit
-
-    def set_whole(self, tid: int, bit: int, old_len: int, new_len: int) -> None:
-        """The member ``bit``'s table ``tid`` had whole key ``old_len`` and has ``new_len`` (0: not
-        whole, or gone)."""
-        whole = self.whole
-        by_len = whole.get(tid)
-        if old_len:
-            assert by_len is not None
-            left = by_len[old_len] & ~bit
-            if left:
-                by_len[old_len] = left
-            else:
-                del by_len[old_len]
-                if not by_len:
-                    del whole[tid]
-                    by_len = None
-        if new_len:
-            if by_len is None:
-                by_len = {}
-                whole[tid] = by_len
-            by_len[new_len] = by_len.get(new_len, 0) | bit
-
-    def prefix_lens(self, maps: list[BlockHashToBlockMap], runs: list[range], slots: list[tuple[int, int, int]]) -> list[int]:
-        """``walk_slots(runs, slots, None)`` of each of ``maps`` (members of this index)."""
-        mask = 0
-        for m in maps:
-            mask |= m.index_bit
-        drops: list[tuple[int, int, int]] = []  # (members leaving at slot k, k, hits before k)
-        hits = 0
-        whole = self.whole
-        k = 0
-        for tid, i, n in slots:
-            if tid < 0:
-                break  # keys unique to a request: each member walks them itself
-            keep = 0
-            by_len = whole.get(tid)
-            if by_len is not None:
-                end = 2 * (i + n)
-                for key, members in by_len.items():  # length >= i + n, and slot 0 filled if read
-                    if key >= end and (i or not key & 1):
-                        keep |= members
-            keep &= mask
-            if keep != mask:
-                drops.append((mask & ~keep, k, hits))
-                mask = keep
-                if not mask:
-                    break
-            hits += n
-            k += 1
-        out: list[int] = []
-        for m in maps:
-            bit = m.index_bit
-            if mask & bit:  # whole through slot k - 1; walks on from k (nothing left, or unique keys)
-                out.append(hits + m.walk_slots(runs, slots, None, k) if k < len(slots) else hits)
-                continue
-            for left, at, before in drops:
-                if left & bit:
-                    out.append(before + m.walk_slots(runs, slots, None, at))
-                    break
-        return out
 
 
 @final
@@ -447,12 +367,28 @@ def run_slots(runs: list[range], block_size: int) -> list[tuple[int, int, int]]:
 
 def cached_prefix_lens_of(maps: list[BlockHashToBlockMap], runs: list[range]) -> list[int]:
     """``cached_prefix_len(runs)`` of each map. A router asks every replica at every arrival, so the
-    runs' slots are computed once for all the maps that share the first one's block size."""
+    runs' slots are computed once for all the maps that share the first one's block size, and the
+    maps of one fleet index are walked together while their tables are whole (WholeTableIndex)."""
     if not maps:
         return []
     bs = maps[0].block_size
     slots = run_slots(runs, bs)
     index = maps[0].index
     if index is not None and all(m.index is index for m in maps):  # one fleet's maps: one block size
-        return index.prefix_lens(maps, runs, slots)
+        mask = 0
+        for m in maps:
+            mask |= m.index_bit
+        walk = index.walk(slots, mask)
+        out: list[int] = []
+        for m in maps:
+            bit = m.index_bit
+            if walk.mask & bit:  # whole through slot k - 1; walks on from k (nothing left, or unique keys)
+                k = walk.k
+                out.append(walk.hits + m.walk_slots(runs, slots, None, k) if k < len(slots) else walk.hits)
+                continue
+            for left, at, before in walk.drops:
+                if left & bit:
+                    out.append(before + m.walk_slots(runs, slots, None, at))
+                    break
+        return out
     return [m.walk_slots(runs, slots, None) if m.block_size == bs else m.cached_prefix_len(runs) for m in maps]

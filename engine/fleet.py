@@ -30,7 +30,6 @@ from typing import Protocol
 import numpy as np
 
 from replay.engine.arrivals import ArrivalPlan
-from replay.engine.block_hash_map import WholeTableIndex
 from replay.engine.block_keys import BlockKeys
 from replay.engine.core import DYNAMIC, OPEN, EngineCore, sync_open_windows
 from replay.engine.fleet_bounds import ReplicaBounds
@@ -41,6 +40,7 @@ from replay.engine.request import Request
 from replay.engine.routers.base import Router
 from replay.engine.trace_ids import shared_lead_within
 from replay.engine.trace_input import TraceArrays
+from replay.engine.whole_table_index import WholeTableIndex
 
 ProgressFn = Callable[[float, int], None]
 

@@ -24,6 +24,7 @@ NATIVE_MODULES = (
     "replay.engine.block_keys",
     "replay.engine.free_block_queue",
     "replay.engine.block_hash_map",
+    "replay.engine.whole_table_index",
     "replay.engine.block_pool_free",
     "replay.engine.block_pool",
     "replay.engine.kv_cache_manager",

@@ -23,6 +23,7 @@ from replay.engine.background_writer import BackgroundWriter
 from replay.engine.output_schema import (
     CHUNKS_FILE,
     CHUNKS_SCHEMA,
+    REQUESTS_FILE,
     REQUESTS_ROW_GROUP,
     REQUESTS_SCHEMA,
     STATUS_FINISHED,
@@ -320,7 +321,7 @@ class Recorder:
 
     def _open_requests_writer(self) -> pq.ParquetWriter:
         if self._requests_writer is None:
-            self._requests_writer = pq.ParquetWriter(self.outdir / "requests.parquet", self._requests_schema,
+            self._requests_writer = pq.ParquetWriter(self.outdir / REQUESTS_FILE, self._requests_schema,
                                                      **_PARQUET_OPTS)
         return self._requests_writer
 

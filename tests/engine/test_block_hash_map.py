@@ -165,7 +165,7 @@ def test_a_fleet_index_of_whole_tables_answers_as_each_map_walks_alone():
     evictions checked against each map's own walk and the index against a recount."""
     import random
 
-    from replay.engine.block_hash_map import WholeTableIndex
+    from replay.engine.whole_table_index import WholeTableIndex
 
     index = WholeTableIndex()
     maps = [BlockHashToBlockMap(4) for _ in range(3)]
