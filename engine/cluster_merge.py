@@ -19,11 +19,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from replay.base.parquet_io import CHECKSUMS
-from replay.engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, REQUESTS_ROW_GROUP
+from replay.engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, REQUESTS_ROW_GROUP, parquet_write_options
 
 _ROWS_PER_GROUP = 1 << 20
-_WRITE_OPTIONS = dict(compression="snappy", write_statistics=True, use_dictionary=True, **CHECKSUMS)
 
 
 def cluster_files(folder: Path) -> list[str]:
@@ -47,7 +45,8 @@ def merge_requests(folders: list[Path], rows: list[np.ndarray], offsets: list[in
     table = pa.concat_tables(tables)
     order = np.argsort(np.concatenate(rows), kind="stable")
     table = table.take(pa.array(order))
-    pq.write_table(table, dst / REQUESTS_FILE, row_group_size=REQUESTS_ROW_GROUP, **_WRITE_OPTIONS)
+    pq.write_table(table, dst / REQUESTS_FILE, row_group_size=REQUESTS_ROW_GROUP,
+                   **parquet_write_options(table.schema))
 
 
 def merge_rows(folders: list[Path], name: str, offsets: list[int], dst: Path,
@@ -60,7 +59,7 @@ def merge_rows(folders: list[Path], name: str, offsets: list[int], dst: Path,
         for folder, off in zip(folders, offsets):
             src = pq.ParquetFile(folder / name)
             if writer is None:
-                writer = pq.ParquetWriter(dst / name, src.schema_arrow, **_WRITE_OPTIONS)
+                writer = pq.ParquetWriter(dst / name, src.schema_arrow, **parquet_write_options(src.schema_arrow))
             for batch in src.iter_batches(batch_size=_ROWS_PER_GROUP):
                 if request_rows is not None:
                     i = batch.schema.get_field_index("request")

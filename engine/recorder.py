@@ -18,7 +18,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from replay.base.parquet_io import CHECKSUMS
 from replay.engine.background_writer import BackgroundWriter
 from replay.engine.output_schema import (
     CHUNKS_FILE,
@@ -30,6 +29,7 @@ from replay.engine.output_schema import (
     STATUS_REJECTED,
     STATUS_UNFINISHED,
     STEPS_SCHEMA,
+    parquet_write_options,
 )
 from replay.engine.page_release import ConsumedPrefix
 from replay.engine.pd_outputs import POOL_FIELD, PDRequestColumns, pool_step_columns
@@ -40,20 +40,6 @@ from replay.engine.trace_input import TraceArrays, session_array, string_array
 _ROW_GROUP = 1 << 20
 _CHUNK_RUNS_BUFFERED = 1 << 18  # closed chunk runs buffered before they go to the writer thread
 _STEP_ROWS_BUFFERED = 1 << 16  # step rows buffered before a row group is written
-
-# Parquet writer settings fixed here so that identical runs give identical bytes.
-# Snappy: the outputs are written once and read a few times; snappy writes 2-3x faster than zstd here.
-_PARQUET_OPTS = dict(compression="snappy", write_statistics=True, use_dictionary=True, **CHECKSUMS)
-
-
-def _stream_opts(schema: pa.Schema) -> dict:
-    """The streamed steps file (tens of millions of rows) dictionary-encodes only its integer
-    columns. Their float columns (times, durations, usage) almost never repeat,
-    so a dictionary page is tried, overflows and falls back on every row group: half of the writer
-    thread's time for 15% smaller steps files (measured on 2 M steps and 4 M chunk rows of the
-    32-replica replay: steps 0.78 -> 0.39 s, 33.0 -> 37.9 MB). chunks.parquet holds integer runs only."""
-    return dict(_PARQUET_OPTS, use_dictionary=[f.name for f in schema if not pa.types.is_floating(f.type)])
-
 
 class Recorder:
     def __init__(self, trace: TraceArrays, outdir: Path, *, replica_column: bool = False,
@@ -117,9 +103,9 @@ class Recorder:
         self._chunk_cutter = ColumnCutter(_ROW_GROUP)
         self._step_cutter = ColumnCutter(_STEP_ROWS_BUFFERED)
         self._request_ids = string_array(trace.request_id)
-        self._chunk_writer = pq.ParquetWriter(outdir / CHUNKS_FILE, CHUNKS_SCHEMA, **_PARQUET_OPTS)
+        self._chunk_writer = pq.ParquetWriter(outdir / CHUNKS_FILE, CHUNKS_SCHEMA, **parquet_write_options(CHUNKS_SCHEMA))
         self._step_writer = pq.ParquetWriter(outdir / "steps.parquet", self._steps_schema,
-                                             **_stream_opts(self._steps_schema))
+                                             **parquet_write_options(self._steps_schema))
         self._writes = BackgroundWriter()  # row groups are encoded and written on a second thread
         self.num_chunks = 0
         self.num_steps = 0
@@ -322,7 +308,7 @@ class Recorder:
     def _open_requests_writer(self) -> pq.ParquetWriter:
         if self._requests_writer is None:
             self._requests_writer = pq.ParquetWriter(self.outdir / REQUESTS_FILE, self._requests_schema,
-                                                     **_PARQUET_OPTS)
+                                                     **parquet_write_options(self._requests_schema))
         return self._requests_writer
 
     def write_settled_requests(self, arrived_before: int) -> None:

@@ -16,10 +16,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from replay.base.parquet_io import CHECKSUMS
 from replay.engine.admission import Admission
 from replay.engine.config import EngineConfig
 from replay.engine.fleet_scaling import FleetScaler, ScalingRow
+from replay.engine.output_schema import parquet_write_options
 
 SCALING_FILE = "scaling.parquet"
 _MS_PER_HOUR = 3_600_000.0
@@ -44,7 +44,7 @@ assert [f.name for f in fields(ScalingRow)] == SCALING_SCHEMA.names
 def write_scaling(rows: list[ScalingRow], outdir: Path) -> None:
     columns = {name: [getattr(r, name) for r in rows] for name in SCALING_SCHEMA.names}
     table = pa.Table.from_pydict(columns, schema=SCALING_SCHEMA)
-    pq.write_table(table, outdir / SCALING_FILE, compression="snappy", **CHECKSUMS)
+    pq.write_table(table, outdir / SCALING_FILE, **parquet_write_options(SCALING_SCHEMA))
 
 
 def cost_summary(config: EngineConfig, replica_ms: float, gpu_ms: float, span_ms: float) -> dict:

@@ -9,12 +9,13 @@ emission sizes.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import replay.engine.recorder as recorder_module
 from replay.engine.block_keys import BlockKeys
-from replay.engine.output_schema import STEPS_SCHEMA
+from replay.engine.output_schema import STEPS_SCHEMA, parquet_write_options
 from replay.engine.recorder import Recorder
 from replay.engine.request import Request
 from replay.engine.row_runs import ChangePoints, ColumnCutter, StepRow, StepRuns, WindowRows
@@ -218,8 +219,8 @@ def test_requests_file_is_written_one_row_group_at_a_time(tmp_path, monkeypatch)
     written = pq.ParquetFile(tmp_path / "requests.parquet")
     assert [written.metadata.row_group(i).num_rows for i in range(written.num_row_groups)] == [2, 2, 1]
     assert written.read()["finish_ms"].to_pylist() == [2.0, 3.0, 4.0, 5.0, 6.0]
-    pq.write_table(rec._requests_table(np.arange(5)), tmp_path / "whole.parquet", row_group_size=2,
-                   **recorder_module._PARQUET_OPTS)
+    whole = rec._requests_table(np.arange(5))
+    pq.write_table(whole, tmp_path / "whole.parquet", row_group_size=2, **parquet_write_options(whole.schema))
     assert (tmp_path / "whole.parquet").read_bytes() == (tmp_path / "requests.parquet").read_bytes()
 
 
@@ -257,3 +258,26 @@ def test_settled_requests_are_written_early_and_their_columns_handed_back(tmp_pa
     early_file = pq.ParquetFile(tmp_path / "early" / "requests.parquet")
     assert [early_file.metadata.row_group(i).num_rows for i in range(3)] == [1024, 1024, 452]
     assert (tmp_path / "early" / "requests.parquet").read_bytes() == (tmp_path / "late" / "requests.parquet").read_bytes()
+
+
+def test_outputs_are_zstd_with_float_columns_byte_stream_split(tmp_path) -> None:
+    """Every Parquet output of a replay is zstd-compressed; its float columns (times, durations,
+    usages) are BYTE_STREAM_SPLIT, its integer and string columns dictionary-encoded, and the values
+    read back are the engine's doubles (the encoding changes bytes on disk, never a value)."""
+    from tests.cli_helpers import write_sample_run, write_sample_trace
+
+    out = write_sample_run(tmp_path / "out", write_sample_trace(tmp_path / "t.parquet"))
+    for name in ("requests.parquet", "chunks.parquet", "steps.parquet"):
+        meta = pq.ParquetFile(out / name).metadata
+        schema = meta.schema.to_arrow_schema()
+        for i in range(meta.num_columns):
+            col = meta.row_group(0).column(i)
+            assert col.compression == "ZSTD", (name, col.path_in_schema)
+            if pa.types.is_floating(schema.field(i).type):
+                assert "BYTE_STREAM_SPLIT" in col.encodings, (name, col.path_in_schema, col.encodings)
+            else:
+                assert "RLE_DICTIONARY" in col.encodings or col.encodings == ("PLAIN", "RLE"), \
+                    (name, col.path_in_schema, col.encodings)
+    steps = pq.read_table(out / "steps.parquet")
+    starts, durations = steps["start_ms"].to_pylist(), steps["duration_ms"].to_pylist()
+    assert all(b >= a + d for a, d, b in zip(starts, durations, starts[1:]))  # back to back or idle between
