@@ -83,6 +83,8 @@ def parse_int(arr: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, BadValues]:
         bad_mask = present & ~ok
         bad = [(i, f"not an integer: {_repr(trimmed[i].as_py())}") for i in _indices(bad_mask)]
         cleaned = pc.if_else(pa.array(ok), trimmed, pa.scalar(None, trimmed.type))
+        # Arrow's string-to-int64 cast refuses the leading "+" that _INT_RE accepts ("+12").
+        cleaned = pc.replace_substring_regex(cleaned, r"^\+", "")
         return pc.cast(cleaned, pa.int64()), bad
     return pa.nulls(len(arr), pa.int64()), [(i, f"not an integer: {_repr(arr[i].as_py())}")
                                             for i in range(len(arr)) if arr[i].is_valid]
@@ -155,8 +157,9 @@ def epoch_unit_of(value: float) -> str | None:
     return None
 
 
-def unit_contradiction(vals: np.ndarray, valid: np.ndarray, unit: str) -> str | None:
-    """Why numeric times contradict ``unit`` (an epoch clock in another unit), or None."""
+def unit_contradiction(vals: np.ndarray, valid: np.ndarray, unit: str, unit_given: bool = True) -> str | None:
+    """Why numeric times contradict ``unit`` (an epoch clock in another unit), or None.
+    ``unit_given``: the unit came from --time-unit (else the format fixes it, and the flag cannot help)."""
     if not valid.any():
         return None
     first = float(np.min(vals[valid]))
@@ -164,11 +167,16 @@ def unit_contradiction(vals: np.ndarray, valid: np.ndarray, unit: str) -> str | 
     if seen is None or seen == unit:
         return None
     when = datetime.fromtimestamp(first / {"s": 1, "ms": 1e3, "us": 1e6, "ns": 1e9}[seen], tz=UTC)
+    if unit_given:
+        fix = f"use --time-unit {seen}"
+    else:
+        fix = (f"this format's times are {unit}: convert them, or read the file as generic JSONL/CSV "
+               f"(--format jsonl|csv --map arrival=... --time-unit {seen})")
     return (f"time unit contradicts the values: {first:.0f} reads as epoch {seen} ({when:%Y-%m-%d}), "
-            f"not {unit}; use --time-unit {seen}")
+            f"not {unit}; {fix}")
 
 
-def parse_time_ms(arr: pa.Array | pa.ChunkedArray, unit: str) -> tuple[pa.Array, BadValues]:
+def parse_time_ms(arr: pa.Array | pa.ChunkedArray, unit: str, unit_given: bool = True) -> tuple[pa.Array, BadValues]:
     """Arrival times in whole milliseconds (int64).
 
     ``iso``: ISO-8601 strings, ms since the Unix epoch (floored, so a 7-digit fraction loses only
@@ -211,7 +219,7 @@ def parse_time_ms(arr: pa.Array | pa.ChunkedArray, unit: str) -> tuple[pa.Array,
     bad = [(i, r.replace("not a number", "unparseable timestamp")) for i, r in bad]
     vals = values_f.to_numpy(zero_copy_only=False)
     valid = ~np.isnan(vals)
-    wrong_unit = unit_contradiction(vals, valid, unit)
+    wrong_unit = unit_contradiction(vals, valid, unit, unit_given)
     if wrong_unit is not None:
         return pa.nulls(len(vals), pa.int64()), [(i, wrong_unit) for i in _indices(valid)]
     ms = np.rint(np.where(valid, vals, 0) * _MS_PER_UNIT[unit])

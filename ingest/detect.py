@@ -156,4 +156,12 @@ def make_reader(path: Path, opts: IngestOptions) -> Reader:
     name = opts.format or detect_format(path, opts)
     if name not in READERS:
         raise TraceError(f"unknown format {name!r}; known formats: {', '.join(sorted(READERS))}", path=str(path))
-    return READERS[name](path, opts)
+    reader_class = READERS[name]
+    given = {"time_unit": ("--time-unit", opts.time_unit is not None), "block_size": ("--block-size", opts.block_size is not None),
+             "mapping": ("--map", bool(opts.mapping))}
+    ignored = [flag for option, (flag, was_given) in given.items() if was_given and option not in reader_class.options_read]
+    if ignored:
+        raise TraceError(f"{' and '.join(ignored)} does not apply to {name} files (the format fixes what it would set); "
+                         "remove it, or read the file as generic JSONL/CSV (--format jsonl|csv with --map)",
+                         path=str(path))
+    return reader_class(path, opts)

@@ -8,7 +8,7 @@ from typing import Literal
 from replay.base.errors import ConfigError
 
 from .columns import TIME_UNITS
-from .schema import LABEL_FIELDS, OPTIONAL_SCHEMA
+from .schema import LABEL_FIELDS, MAX_HASH_BLOCK_SIZE, OPTIONAL_SCHEMA
 
 OnError = Literal["fail", "skip"]
 
@@ -36,6 +36,8 @@ class IngestOptions:
             raise ConfigError(f"on_error must be 'fail' or 'skip', not {self.on_error!r}")
         if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
             raise ConfigError(f"block size must be a positive integer, not {self.block_size!r}")
+        if self.block_size is not None and self.block_size > MAX_HASH_BLOCK_SIZE:
+            raise ConfigError(f"block size {self.block_size} is too large: at most {MAX_HASH_BLOCK_SIZE:,} tokens per hash id")
         if self.time_unit is not None and self.time_unit not in TIME_UNITS:
             raise ConfigError(f"time unit must be one of {', '.join(TIME_UNITS)}, not {self.time_unit!r}")
         normalized: dict[str, str] = {}
@@ -43,6 +45,8 @@ class IngestOptions:
             target = _MAP_ALIASES.get(key, key)
             if target not in MAP_TARGETS:
                 raise ConfigError(f"--map: unknown canonical field {key!r}; use one of {', '.join(MAP_TARGETS)}")
+            if target in normalized:
+                raise ConfigError(f"--map: {key!r} and another name map the same field {target!r}; map it once")
             normalized[target] = value
         object.__setattr__(self, "mapping", normalized)
         labels = tuple(f.name for f in LABEL_FIELDS) + ("session_id", "priority")
@@ -58,6 +62,8 @@ def parse_where_flags(flags: list[str]) -> dict[str, str]:
         key, sep, value = flag.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--where expects LABEL=VALUE, got {flag!r}")
+        if key.strip() in out:
+            raise ConfigError(f"--where {flag!r}: {key.strip()} is given twice; a label has one value")
         out[key.strip()] = value.strip()
     return out
 
@@ -69,5 +75,7 @@ def parse_map_flags(flags: list[str]) -> dict[str, str]:
         key, sep, value = flag.partition("=")
         if not sep or not key.strip() or not value.strip():
             raise ConfigError(f"--map expects CANONICAL=SOURCE_COLUMN, got {flag!r}")
+        if key.strip() in out:
+            raise ConfigError(f"--map {flag!r}: {key.strip()} is mapped twice; map each field once")
         out[key.strip()] = value.strip()
     return out

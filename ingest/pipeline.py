@@ -21,7 +21,7 @@ from replay.base.errors import TraceError
 from .options import IngestOptions
 from .readers.base import Reader, ReaderInfo
 from .readers.decoding import guarded
-from .rejections import Rejection
+from .rejections import Rejection, read_values
 from .schema import TRACE_SCHEMA, trace_schema_for
 from .validate import validate
 
@@ -100,7 +100,7 @@ class _Sessions:
             recs = st.take(pa.array(idx, pa.int64())).to_pylist()
             for i, rec in zip(idx, recs, strict=True):
                 rejections.append(Rejection(rows[i], field_names.get("t_ms", "timestamp"), bad[i],
-                                            rec.pop("_line", None), rec))
+                                            rec.pop("_line", None), read_values(rec)))
             keep = np.ones(n, dtype=bool)
             keep[idx] = False
             out = out.filter(pa.array(keep))
@@ -126,7 +126,7 @@ class _Dedupe:
             return st, []
         recs = st.take(pa.array(bad, pa.int64())).to_pylist()
         rejections = [Rejection(rows[i], field_name, f"duplicate request id {ids[i]!r} (first at record {seen[ids[i]] + 1})",
-                                rec.pop("_line", None), rec) for i, rec in zip(bad, recs, strict=True)]
+                                rec.pop("_line", None), read_values(rec)) for i, rec in zip(bad, recs, strict=True)]
         keep = np.ones(st.num_rows, dtype=bool)
         keep[bad] = False
         return st.filter(pa.array(keep)), rejections

@@ -37,6 +37,17 @@ class Rejection:
                 "record": self.record}
 
 
+# Staged column names that differ from the canonical trace's (the side file speaks canonical).
+_CANONICAL_NAMES = {"t_ms": "arrival_ms"}
+
+
+def read_values(staged_row: dict[str, Any]) -> dict[str, Any]:
+    """A staged row as a side-file record: its values as read (times in ms, lengths as numbers),
+    under the canonical trace's names; the internal row and line keys dropped (the record names
+    its line itself)."""
+    return {_CANONICAL_NAMES.get(k, k): v for k, v in staged_row.items() if k not in ("_row", "_line")}
+
+
 def side_file_path(dest: str | Path) -> Path:
     dest = Path(dest)
     return dest.with_name(dest.name + ".rejected.jsonl")
@@ -73,7 +84,11 @@ def remove_stale_side_file(path: Path) -> bool:
 
 
 def write_side_file(path: Path, rejections: list[Rejection]) -> None:
-    """One JSON object per rejected row, in source order, written atomically."""
+    """One JSON object per rejected row, in source order, written atomically. A file already at
+    ``path`` is replaced only when it is an earlier ingest's side file: anything else is the user's."""
+    if os.path.lexists(path) and not (path.is_file() and not path.is_symlink() and is_our_side_file(path)):
+        raise TraceError("the file exists and is not a rejected-rows file written by `replay ingest`; "
+                         "move it or choose another output (nothing was written)", path=str(path))
     rejections = sorted(rejections, key=lambda r: (r.row, r.field))
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         for rej in rejections:

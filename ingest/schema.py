@@ -22,6 +22,9 @@ from replay.base.version import __version__
 from .trace_checks import TraceRowChecker, check_column_types
 
 SCHEMA_VERSION = "1"
+# Tokens per hash id at most: the engine keeps a token's offset inside a trace block in 24 bits
+# (engine/block_keys.py); real traces use 16 to 512.
+MAX_HASH_BLOCK_SIZE = (1 << 24) - 1
 
 TRACE_SCHEMA = pa.schema(
     [

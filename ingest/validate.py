@@ -2,7 +2,10 @@
 
 A row is rejected for: a missing required field, lengths that are negative, zero (input) or too
 large for int32, zero output tokens, hash ids that break ``len(hash_ids) == ceil(input_tokens /
-block_size)``, a negative timestamp, delay or turn. Each problem names the source field.
+block_size)``, a negative timestamp, delay or turn, or a measured latency no server can have
+(negative, not finite, beyond 2^42 ms, or an end-to-end time below the request's own TTFT: a
+`replay validate` against it would compare predictions with nonsense). Each problem names the
+source field.
 """
 
 from __future__ import annotations
@@ -14,12 +17,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .readers.base import ReaderInfo
-from .rejections import Rejection
+from .rejections import Rejection, read_values
+from .schema import MEASURED_FIELDS
 from .trace_checks import MAX_TIME_MS
 
 _INT32_MAX = 2**31 - 1
 _INT32_MIN = -(2**31)
 _COMMON_BLOCK_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)
+# Measured times in ms (client-side latencies and server phases) and the per-request gap lists.
+_MEASURED_TIMES = tuple(f.name for f in MEASURED_FIELDS if pa.types.is_floating(f.type))
+_MEASURED_GAPS = tuple(f.name for f in MEASURED_FIELDS if pa.types.is_list(f.type))
+# An E2E below TTFT by less than this is clock rounding (a one-token request has E2E == TTFT).
+_E2E_SLACK_MS = 1e-3
 
 
 def block_size_hint(input_tokens: int, n_ids: int) -> str:
@@ -154,6 +163,8 @@ def validate(staged: pa.Table, info: ReaderInfo, drop_failed: bool = False) -> t
         probs.add(pvalid & ((pv < _INT32_MIN) | (pv > _INT32_MAX)), name("priority"),
                   lambda i: f"priority {pv[i]} does not fit int32")
 
+    _check_measured(staged, probs, name)
+
     rejections: list[Rejection] = []
     bad_idx = sorted(probs.first)
     if bad_idx:
@@ -162,10 +173,58 @@ def validate(staged: pa.Table, info: ReaderInfo, drop_failed: bool = False) -> t
             field, reason = probs.first[i]
             row = rec.pop("_row")
             line = rec.pop("_line", None)
-            rejections.append(Rejection(row, field, reason, line, {name(k): v for k, v in rec.items()}))
+            rejections.append(Rejection(row, field, reason, line, read_values(rec)))
     bad_mask = np.zeros(n, dtype=bool)
     bad_mask[bad_idx] = True
     n_dropped = int((dropped_mask & ~bad_mask).sum())
     keep = ~dropped_mask & ~bad_mask
     good = staged if keep.all() else staged.filter(pa.array(keep))
     return good, rejections, n_dropped
+
+
+def _float_column(table: pa.Table, col: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(values with nulls as 0, validity mask) of a float column, or None when absent."""
+    if col not in table.column_names:
+        return None
+    arr = table.column(col).combine_chunks().cast(pa.float64())
+    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    return arr.fill_null(0.0).to_numpy(), valid
+
+
+def _check_measured(staged: pa.Table, probs: _Problems, name) -> None:
+    """Measured latencies a server can have: E2E not below TTFT (checked first: a TPOT derived from
+    the two is then negative too), finite, >= 0, within 2^42 ms."""
+    ttft = _float_column(staged, "measured_ttft_ms")
+    e2e = _float_column(staged, "measured_e2e_ms")
+    if ttft is not None and e2e is not None:
+        (tv, tvalid), (ev, evalid) = ttft, e2e
+        with np.errstate(invalid="ignore"):
+            below = tvalid & evalid & (ev < tv - _E2E_SLACK_MS)
+        probs.add(below, name("measured_e2e_ms"),
+                  lambda i: f"measured end-to-end time {ev[i]:g} ms is below the request's TTFT {tv[i]:g} ms")
+    for col in _MEASURED_TIMES:
+        got = _float_column(staged, col)
+        if got is None:
+            continue
+        vals, valid = got
+        with np.errstate(invalid="ignore"):
+            probs.add(valid & ~np.isfinite(vals), name(col), lambda i, v=vals: f"measured time {v[i]} is not a finite number")
+            probs.add(valid & np.isfinite(vals) & (vals < 0), name(col),
+                      lambda i, v=vals: f"negative measured time {v[i]:g} ms")
+            probs.add(valid & np.isfinite(vals) & (vals > MAX_TIME_MS), name(col),
+                      lambda i, v=vals: f"measured time {v[i]:.4g} ms is beyond 2^42 ms (139 years): a wrong unit "
+                                        "or a corrupt value")
+    for col in _MEASURED_GAPS:
+        if col not in staged.column_names:
+            continue
+        gaps = staged.column(col).combine_chunks()
+        flat = pc.list_flatten(gaps)
+        if not len(flat):
+            continue
+        fv = flat.cast(pa.float64()).fill_null(0.0).to_numpy()
+        with np.errstate(invalid="ignore"):
+            bad_gap = ~np.isfinite(fv) | (fv < 0) | (fv > MAX_TIME_MS)
+        if bad_gap.any():
+            rows = np.zeros(staged.num_rows, dtype=bool)
+            rows[pc.list_parent_indices(gaps).to_numpy()[bad_gap]] = True
+            probs.add(rows, name(col), lambda i: "a measured inter-token gap is negative, not finite or beyond 2^42 ms")

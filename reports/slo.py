@@ -36,8 +36,11 @@ class Slo:
         return ", ".join(f"{k.upper()} <= {v:g} ms" for k, v in self.as_dict().items())
 
 
-def parse_slo(text: str | None) -> Slo | None:
-    """``"ttft=500,tpot=50"`` -> Slo; None for no text. Errors name the bad item."""
+def parse_slo(text: str | list[str] | None) -> Slo | None:
+    """``"ttft=500,tpot=50"`` -> Slo; None for no text. A list (``--slo`` repeated) reads as its items
+    joined by commas. Errors name the bad item, and a key given twice."""
+    if isinstance(text, list):
+        text = ",".join(text)
     if text is None or not text.strip():
         return None
     values: dict[str, float] = {}
@@ -60,5 +63,8 @@ def parse_slo(text: str | None) -> Slo | None:
             raise ReplayError(f"--slo {item!r}: the SLO must be a positive number of milliseconds")
         if key == "goal" and value > 1:
             raise ReplayError(f"--slo {item!r}: goal is a fraction of requests in (0, 1]")
-        values[_WINDOW_KEYS.get(key) or _KEYS[key]] = value
+        name = _WINDOW_KEYS.get(key) or _KEYS[key]
+        if name in values:
+            raise ReplayError(f"--slo {item!r}: {key} is given twice; give each SLO once")
+        values[name] = value
     return Slo(**values)

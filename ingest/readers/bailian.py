@@ -36,6 +36,7 @@ SPEC = {
 
 
 class BailianReader(Reader):
+    options_read = frozenset({"block_size"})
     name = "bailian"
 
     def __init__(self, path, opts) -> None:

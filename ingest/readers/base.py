@@ -67,6 +67,9 @@ class Reader:
     """Base class: subclasses set ``name`` and implement ``info``, ``batches`` and ``line_of``."""
 
     name: ClassVar[str] = ""
+    # Which of the ingest options that shape reading (``time_unit``, ``block_size``, ``mapping``)
+    # this format reads; ``make_reader`` refuses the others instead of ignoring them.
+    options_read: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, path: Path, opts: IngestOptions) -> None:
         self.path = Path(path)
@@ -140,8 +143,9 @@ def _coalesced(raw: pa.Table, sources: tuple[str, ...]) -> tuple[pa.Array | None
 
 
 def stage(raw: pa.Table, rows: pa.Array, lines: pa.Array | None, spec: dict[str, Col],
-          rejections: list[Rejection] | None = None) -> Staged:
-    """Convert a raw source table to a staged one; rows with unparseable values become rejections."""
+          rejections: list[Rejection] | None = None, unit_given: bool = False) -> Staged:
+    """Convert a raw source table to a staged one; rows with unparseable values become rejections.
+    ``unit_given``: the time unit came from ``--time-unit`` (a contradicted unit is then the flag's)."""
     from ..columns import parse_float, parse_int, parse_time_ms
 
     rejections = list(rejections or [])
@@ -156,7 +160,7 @@ def stage(raw: pa.Table, rows: pa.Array, lines: pa.Array | None, spec: dict[str,
         elif col.kind == "float":
             arr, problems = parse_float(arr)
         elif col.kind.startswith("time:"):
-            arr, problems = parse_time_ms(arr, col.kind.split(":", 1)[1])
+            arr, problems = parse_time_ms(arr, col.kind.split(":", 1)[1], unit_given=unit_given)
         elif col.kind == "str":
             if not pa.types.is_string(arr.type):
                 arr = arr.cast(pa.string())

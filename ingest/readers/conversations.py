@@ -29,6 +29,7 @@ _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assis
 
 class ConversationReader(RecordReader):
     """ShareGPT and LMSYS-Chat records (the field names tell them apart per record)."""
+    options_read = frozenset({"block_size"})
 
     name = "sharegpt"
 

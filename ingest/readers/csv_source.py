@@ -26,12 +26,17 @@ _BLOCK = 4 << 20
 
 
 def read_header(path: Path) -> list[str]:
-    """Column names of a CSV file (BOM and CRLF tolerated)."""
+    """Column names of a CSV file (BOM and CRLF tolerated; spaces around a name are not part of it)."""
+    return [c.strip() for c in _raw_header(path)]
+
+
+def _raw_header(path: Path) -> list[str]:
+    """The header's fields as written (a spreadsheet export may pad them: ``TIMESTAMP, ContextTokens``)."""
     with open_binary(path) as fh:
         text = io.TextIOWrapper(fh, encoding="utf-8-sig", newline="")
         for row in csv.reader(text):
             if row:
-                return [c.strip() for c in row]
+                return row
     raise TraceError("empty CSV file (no header)", path=str(path))
 
 
@@ -40,12 +45,22 @@ class CsvSource:
 
     def __init__(self, path: Path, columns: list[str]) -> None:
         self.path = Path(path)
-        self.header = read_header(self.path)
+        raw = _raw_header(self.path)
+        self.header = [c.strip() for c in raw]
         missing = [c for c in columns if c not in self.header]
         if missing:
             raise TraceError(f"missing column(s) {missing}; the header has {self.header}",
                              path=str(self.path), line=1, field=missing[0])
+        twice = [c for c in columns if self.header.count(c) > 1]
+        if twice:
+            raise TraceError(f"column {twice[0]!r} appears {self.header.count(twice[0])} times in the header: "
+                             "which one holds the values is ambiguous", path=str(self.path), line=1, field=twice[0])
         self.columns = columns
+        # pyarrow selects columns by the names as written: a wanted name's first padded spelling.
+        as_written = {}
+        for name, written in zip(self.header, raw):
+            as_written.setdefault(name, written)
+        self._raw_columns = [as_written[c] for c in columns]
         self._valid_lines: list[int] | None = None
         self._invalid_lines: list[int] | None = None
         self._invalid_seen = 0
@@ -58,8 +73,8 @@ class CsvSource:
                                      None, {"text": (row.text or "")[:200]}))
             return "skip"
 
-        convert = pcsv.ConvertOptions(column_types={c: pa.string() for c in self.columns},
-                                      include_columns=self.columns, null_values=[""],
+        convert = pcsv.ConvertOptions(column_types={c: pa.string() for c in self._raw_columns},
+                                      include_columns=self._raw_columns, null_values=[""],
                                       strings_can_be_null=True, quoted_strings_can_be_null=True)
         reader = pcsv.open_csv(
             pa.input_stream(str(self.path), compression="detect"),
@@ -74,7 +89,7 @@ class CsvSource:
             rej, invalid[:] = list(invalid), []
             for r in rej:
                 r.line = self._next_invalid_line()
-            yield pa.Table.from_batches([batch]), rows, rej
+            yield pa.Table.from_batches([batch]).rename_columns(self.columns), rows, rej
         if invalid:
             for r in invalid:
                 r.line = self._next_invalid_line()
@@ -91,7 +106,7 @@ class CsvSource:
             for row in reader:
                 line = start
                 start = reader.line_num + 1
-                if not row or (len(row) == 1 and not row[0].strip()):
+                if not row:  # pyarrow skips only empty lines: a line of spaces is a row of one field
                     continue
                 if not header_seen:
                     header_seen = True

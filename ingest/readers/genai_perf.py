@@ -54,6 +54,7 @@ def chunk_text(event: Any) -> str:
 
 
 class GenaiPerfReader(RecordReader):
+    options_read = frozenset({"block_size"})
     name = "genai-perf"
 
     def __init__(self, path, opts) -> None:

@@ -97,6 +97,7 @@ def parse_id_lists(arr: pa.Array) -> tuple[pa.Array, list[tuple[int, str]]]:
 
 
 class GenericCsvReader(Reader):
+    options_read = frozenset({"time_unit", "block_size", "mapping"})
     name = "csv"
 
     def __init__(self, path, opts) -> None:
@@ -124,7 +125,7 @@ class GenericCsvReader(Reader):
                     keep = pc.invert(pc.is_in(record_indices(0, raw.num_rows), pa.array(idx, pa.int64())))
                     raw, rows, ids = raw.filter(keep), rows.filter(keep), ids.filter(keep)
                 raw = raw.set_column(raw.column_names.index(ids_col), ids_col, ids)
-            yield stage(raw, rows, None, spec, rejections)
+            yield stage(raw, rows, None, spec, rejections, unit_given=True)
 
     def line_of(self, rows: list[int]) -> dict[int, int | None]:
         return self.source.line_of(rows)
@@ -162,6 +163,7 @@ def flatten_structs(table: pa.Table) -> pa.Table:
 
 
 class GenericJsonlReader(Reader):
+    options_read = frozenset({"time_unit", "block_size", "mapping"})
     name = "jsonl"
 
     def __init__(self, path, opts) -> None:
@@ -183,7 +185,7 @@ class GenericJsonlReader(Reader):
     def batches(self) -> Iterator[Staged]:
         spec = _spec(self.opts)
         for raw, rows, rejections, lines in self.source.tables():
-            yield stage(flatten_structs(raw), rows, lines, spec, rejections)
+            yield stage(flatten_structs(raw), rows, lines, spec, rejections, unit_given=True)
 
     def line_of(self, rows: list[int]) -> dict[int, int | None]:
         return self.source.line_of(rows)

@@ -102,6 +102,7 @@ def _time(req: dict, flat: str, nested: str) -> float | None:
 
 
 class GuideLLMReader(RecordReader):
+    options_read = frozenset({"block_size"})
     name = "guidellm"
 
     def __init__(self, path, opts) -> None:

@@ -67,6 +67,7 @@ def _response(info: dict) -> dict:
 
 
 class InferencePerfReader(RecordReader):
+    options_read = frozenset({"block_size"})
     name = "inference-perf"
 
     def __init__(self, path, opts) -> None:

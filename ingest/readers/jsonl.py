@@ -15,6 +15,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.json as pj
 
+from replay.base.errors import TraceError
+
 from ..rejections import Rejection
 from .base import record_indices
 from .decoding import field_with_bad_utf8, open_binary
@@ -132,6 +134,23 @@ def _utf8_checked(table: pa.Table) -> pa.Table:
     return table
 
 
+def _objects_in(raw: bytes) -> int:
+    """How many JSON values follow one another on a line (1 when it does not parse as such)."""
+    decoder = json.JSONDecoder()
+    text = raw.decode("utf-8", "replace").strip()
+    count, pos = 0, 0
+    while pos < len(text):
+        try:
+            _, end = decoder.raw_decode(text, pos)
+        except ValueError:
+            return max(count, 1)
+        count += 1
+        pos = end
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return max(count, 1)
+
+
 class JsonlSource:
     """Raw tables (source field names, typed by ``schema``) plus ``_row``/``_line`` and rejections."""
 
@@ -147,6 +166,7 @@ class JsonlSource:
             for table in self._fast():
                 yield table, record_indices(delivered, table.num_rows), [], None
                 delivered += table.num_rows
+            self._check_one_object_per_line(delivered)
             return
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             pass
@@ -164,6 +184,36 @@ class JsonlSource:
                     yield _utf8_checked(pa.Table.from_batches([batch]).select(self.schema.names))
         else:  # pragma: no cover - pyarrow < 19
             yield _utf8_checked(pj.read_json(stream, read_options=read, parse_options=parse).select(self.schema.names))
+
+    def _check_one_object_per_line(self, records: int) -> None:
+        """pyarrow reads a line holding two JSON objects as two records, and every line number after
+        it would then be off by one: refuse such a file, naming the line. More records than lines
+        is the sign; the file's newlines are counted in C, a line-by-line search runs only then."""
+        lines = 0
+        last = b"\n"
+        with open_binary(self.path) as fh:
+            while chunk := fh.read(1 << 24):
+                lines += chunk.count(b"\n")
+                last = chunk[-1:]
+        if last != b"\n":
+            lines += 1
+        if records <= lines:
+            return
+        decoder = json.JSONDecoder()
+        with open_binary(self.path) as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                text = raw.decode("utf-8", "replace").strip()
+                if not text:
+                    continue
+                try:
+                    _, end = decoder.raw_decode(text)
+                except ValueError:
+                    continue
+                if text[end:].strip():
+                    raise TraceError("the line holds more than one JSON object (JSON Lines has one per line)",
+                                     path=str(self.path), line=lineno)
+        raise TraceError(f"{records} records were read from {lines} lines: a line holds more than one JSON object",
+                         path=str(self.path))
 
     def _python(self, skip: int) -> Iterator[tuple[pa.Table, pa.Array, list[Rejection], pa.Array | None]]:
         names = self.schema.names
@@ -208,5 +258,7 @@ class JsonlSource:
             with open_binary(self.path) as fh:
                 for lineno, raw in enumerate(fh, start=1):
                     if raw.strip():
-                        self._lines.append(lineno)
+                        # pyarrow's fast path reads each object of a line holding several as a record
+                        count = _objects_in(raw) if (b"}{" in raw or b"} {" in raw) else 1
+                        self._lines.extend([lineno] * count)
         return {r: (self._lines[r] if 0 <= r < len(self._lines) else None) for r in rows}

@@ -44,6 +44,7 @@ SPEC = {
 
 
 class MooncakeReader(Reader):
+    options_read = frozenset({"block_size"})
     name = "mooncake"
 
     def __init__(self, path, opts) -> None:

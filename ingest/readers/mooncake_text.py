@@ -29,6 +29,7 @@ def _priority(value: Any, field: str) -> int | None:
 
 
 class MooncakeTextReader(RecordReader):
+    options_read = frozenset({"block_size"})
     name = "mooncake-text"
 
     def __init__(self, path, opts) -> None:

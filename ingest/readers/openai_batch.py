@@ -24,6 +24,8 @@ DEFAULT_BLOCK_SIZE = 16
 
 
 class _BatchReader(RecordReader):
+    options_read = frozenset({"block_size"})
+
     def items(self) -> Iterator[Item]:
         return self.each(json_lines(self.path))
 

@@ -58,6 +58,7 @@ def _token_list(value: Any, key: str) -> list[int]:
 
 
 class RequestsReader(Reader):
+    options_read = frozenset({"time_unit", "block_size"})
     name = "requests"
 
     def __init__(self, path, opts) -> None:

@@ -37,7 +37,12 @@ def _run_shortcut(trace: Path, config_a: Path | None, config_b: Path | None, set
         outdir = runs_dir / side
         console.print(f"replaying {trace} with config {side.upper()} "
                       f"({config or 'defaults'}{' + ' + ' '.join(overrides) if overrides else ''}) -> {outdir}")
-        result = run(trace, config, overrides=overrides or None, outdir=outdir, progress=False, overwrite=True)
+        try:
+            result = run(trace, config, overrides=overrides or None, outdir=outdir, progress=False, overwrite=True)
+        except ReplayError as exc:  # say which run failed; diff has no --on-error of its own
+            text = str(exc).replace("or pass --on-error skip to mark them rejected",
+                                    "or replay each config with `replay run --on-error skip` and diff the two OUTDIRs")
+            raise ReplayError(f"config {side.upper()} ({config or 'defaults'}): {text}") from None
         outdirs.append(Path(result.outdir))
     return outdirs[0], outdirs[1]
 
@@ -78,7 +83,7 @@ def register(app: typer.Typer) -> None:
                                              "(default <output stem>_runs/ beside the markdown)."),
         name_a: str = typer.Option("A", "--name-a", help="Label of run A in tables and charts."),
         name_b: str = typer.Option("B", "--name-b", help="Label of run B."),
-        slo: str | None = typer.Option(None, "--slo", help="Goodput SLOs in ms, e.g. ttft=500,tpot=50."),
+        slo: list[str] | None = typer.Option(None, "--slo", help="Goodput SLOs in ms, e.g. ttft=500,tpot=50 (repeatable)."),
         seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
         resamples: int | None = typer.Option(None, "--resamples", help="Bootstrap resamples (default 1000, "
                                              "fewer above 100k paired requests, min 200)."),

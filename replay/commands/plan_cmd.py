@@ -19,7 +19,7 @@ def plan(
     trace: Path = typer.Argument(..., help="Canonical Parquet trace, or any file `replay ingest` reads."),
     config: Path | None = typer.Option(None, "--config", "-c", help="Base engine config YAML."),
     set_: list[str] = typer.Option([], "--set", help="Override a base config key, as `replay run --set`."),
-    slo: str = typer.Option(..., "--slo", help="Constraints to meet, e.g. ttft_p99=2000,tpot_p99=50 (ms)."),
+    slo: list[str] = typer.Option(..., "--slo", help="Constraints to meet, e.g. ttft_p99=2000,tpot_p99=50 (ms, repeatable)."),
     vary: list[str] = typer.Option(..., "--vary", help="A key that sets the GPU count and its candidates, e.g. "
                                    "fleet.replicas=1..128; repeat it for a grid (e.g. prefill and decode replicas): "
                                    "the answer is the candidate with the fewest GPUs in total."),

@@ -16,7 +16,8 @@ def register(app: typer.Typer) -> None:
         outdir: Path = typer.Argument(..., help="Replay output directory (from `replay run`) or sweep directory (`replay sweep`/`plan`)."),
         output: Path = typer.Option(Path("report.md"), "-o", "--output",
                                     help="Markdown file to write; charts go to <stem>_files/ beside it."),
-        slo: str | None = typer.Option(None, "--slo", help="Goodput SLOs in ms, e.g. ttft=500,tpot=50 (keys ttft, tpot, e2e)."),
+        slo: list[str] | None = typer.Option(None, "--slo", help="Goodput SLOs in ms, e.g. ttft=500,tpot=50 (keys ttft, tpot, e2e; "
+                                                                 "repeat --slo or separate with commas)."),
         charts: bool = typer.Option(True, "--charts/--no-charts", help="Draw the PNG charts."),
         json_out: Path | None = typer.Option(None, "--json", help="Also write every metric as JSON here."),
         by: str | None = typer.Option(None, "--by", help="Also group the metrics by a trace label: model, tenant, "

@@ -21,7 +21,8 @@ def sweep(
     grid: list[str] = typer.Option(..., "--grid", help=GRID_HELP),
     set_: list[str] = typer.Option([], "--set", help="Override a base config key, as `replay run --set`."),
     outdir: Path = typer.Option(..., "--output", "-o", help="Sweep directory (resumable: rerun to finish it)."),
-    slo: str | None = typer.Option(None, "--slo", help="SLO, e.g. ttft_p99=2000,tpot_p99=50 (ms): sets slo_met and goodput."),
+    slo: list[str] | None = typer.Option(None, "--slo", help="SLO, e.g. ttft_p99=2000,tpot_p99=50 (ms, repeatable): sets "
+                                                             "slo_met and goodput."),
     summary_only: bool = typer.Option(False, "--summary-only", help="Keep only the summary rows, not each run's outdir."),
     ray: str | None = typer.Option(None, "--ray", help=RAY_HELP),
     workers: int | None = typer.Option(None, "--workers", "-j", min=1, help="Local worker processes (default: all cores)."),

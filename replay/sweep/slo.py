@@ -63,7 +63,10 @@ def _milliseconds(item: str, raw: str) -> float:
         raise ReplayError(str(exc).replace(repr(f"e2e={raw}"), repr(item), 1)) from None
 
 
-def parse_sweep_slo(text: str | None) -> SweepSlo:
+def parse_sweep_slo(text: str | list[str] | None) -> SweepSlo:
+    """``"ttft_p99=2000,tpot=50"`` -> SweepSlo (a list: ``--slo`` repeated, joined by commas)."""
+    if isinstance(text, list):
+        text = ",".join(text)
     if text is None or not text.strip():
         return SweepSlo()
     constraints: dict[str, float] = {}
@@ -77,6 +80,8 @@ def parse_sweep_slo(text: str | None) -> SweepSlo:
         if not m:
             bare.append(item)
             continue
+        if key in constraints:
+            raise ReplayError(f"--slo {item!r}: {key} is given twice; give each constraint once")
         constraints[key] = _milliseconds(item, raw)
     try:
         per_request = parse_slo(",".join(bare)) if bare else None

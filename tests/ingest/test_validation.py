@@ -94,7 +94,7 @@ def test_skip_writes_good_rows_and_side_file(tmp_path: Path) -> None:
     assert (res.rows_written, res.rows_rejected) == (2, 1)
     assert res.side_file == tmp_path / "o.parquet.rejected.jsonl"
     (rec,) = [json.loads(x) for x in res.side_file.read_text().splitlines()]
-    assert rec["line"] == 2 and rec["field"] == "input_length" and rec["record"]["input_length"] == -1
+    assert rec["line"] == 2 and rec["field"] == "input_length" and rec["record"]["input_tokens"] == -1
     t, _ = read_trace(dest)
     assert t.column("request_id").to_pylist() == ["0", "2"]  # ids are source record indices
 
