@@ -14,6 +14,7 @@ from .options import IngestOptions
 from .readers import READERS
 from .readers.base import Reader
 from .readers.csv_source import read_header
+from .readers.decoding import open_binary, refuse_unreadable_compression
 from .readers.jsonl import first_record
 from .schema import is_canonical_trace
 
@@ -27,6 +28,13 @@ def _suffix(path: Path) -> str:
         if name.endswith(suf):
             return suf
     return path.suffix.lower()
+
+
+def _starts_with(path: Path, prefix: bytes) -> bool:
+    """Whether the file's first non-blank bytes (after a BOM) are ``prefix``."""
+    with open_binary(path) as fh:
+        head = fh.read(4096).lstrip(b"\xef\xbb\xbf").lstrip()
+    return head.startswith(prefix)
 
 
 def detect_format(path: str | Path, opts: IngestOptions | None = None) -> str:
@@ -55,6 +63,10 @@ def detect_format(path: str | Path, opts: IngestOptions | None = None) -> str:
         peeked = _peek_keys(path)
         if peeked is not None:
             return peeked
+        if _starts_with(path, b"["):
+            raise TraceError("a JSON array, not JSON Lines: for a benchmark tool's export give --format "
+                             "(e.g. vllm-bench, guidellm); for records, write one JSON object per line",
+                             path=str(path), line=1)
         raise TraceError("cannot detect the format: not CSV (by name) and the first line is not a JSON object; "
                          "give --format", path=str(path), line=1)
     keys = set(record)
@@ -153,6 +165,7 @@ def _peek_keys(path: Path) -> str | None:
 
 
 def make_reader(path: Path, opts: IngestOptions) -> Reader:
+    refuse_unreadable_compression(Path(path))
     name = opts.format or detect_format(path, opts)
     if name not in READERS:
         raise TraceError(f"unknown format {name!r}; known formats: {', '.join(sorted(READERS))}", path=str(path))

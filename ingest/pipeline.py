@@ -22,7 +22,7 @@ from .options import IngestOptions
 from .readers.base import Reader, ReaderInfo
 from .readers.decoding import guarded
 from .rejections import Rejection, read_values
-from .schema import TRACE_SCHEMA, trace_schema_for
+from .schema import LABEL_COLUMNS, TRACE_SCHEMA, trace_schema_for
 from .validate import validate
 
 
@@ -190,6 +190,11 @@ def resolve_lines(reader: Reader, rejections: list[Rejection]) -> None:
 
 def canonical_batches(reader: Reader, info: ReaderInfo, opts: IngestOptions, progress: Progress) -> Iterator[pa.Table]:
     """Yield canonical batches in file order; raises on the first problem when ``on_error='fail'``."""
+    absent = [label for label in opts.where or {} if label in LABEL_COLUMNS and label != "priority"
+              and label not in info.extra_columns]
+    if absent:
+        raise TraceError(f"--where {absent[0]}=...: {info.source_format} files carry no {absent[0]} label "
+                         "(every row would be left out)", path=str(reader.path))
     sessions = _Sessions(info.sessions_from_parents)
     dedupe = None if info.generated_ids else _Dedupe()
     running_max: int | None = None

@@ -26,6 +26,27 @@ def open_binary(path: Path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
+# Leading bytes of compressed files ingest does not decompress (only gzip, by its .gz name).
+_OTHER_COMPRESSION = ((b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"),
+                      (b"\x04\x22\x4d\x18", "lz4"), (b"PK\x03\x04", "zip"), (b"7z\xbc\xaf\x27\x1c", "7z"))
+
+
+def refuse_unreadable_compression(path: Path) -> None:
+    """A compressed file ingest cannot read is named as such (it would read as invalid UTF-8)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError:
+        return  # the reader names an unreadable file itself
+    if head.startswith(b"\x1f\x8b") and path.suffix.lower() != ".gz":
+        raise TraceError("a gzip-compressed file without the .gz suffix: rename it to end in .gz, or gunzip it",
+                         path=str(path))
+    for magic, kind in _OTHER_COMPRESSION:
+        if head.startswith(magic):
+            raise TraceError(f"a {kind}-compressed file: ingest reads plain text or gzip (.gz); decompress it first",
+                             path=str(path))
+
+
 def first_bad_utf8(path: Path) -> tuple[int, int, int] | None:
     """(line, 1-based column, byte value) of the first byte that is not UTF-8, or None."""
     with open_binary(path) as fh:

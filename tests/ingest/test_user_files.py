@@ -180,3 +180,36 @@ def test_diff_names_the_config_that_cannot_replay_and_a_hint_it_accepts(tmp_path
     assert res.exit_code == 2
     assert "config B (" in res.output and "replay run --on-error skip" in res.output
     assert "pass --on-error skip" not in res.output
+
+
+def test_compressed_files_ingest_cannot_read_are_named_as_such(tmp_path):
+    import bz2
+    import gzip
+
+    text = _mooncake(_mc(0), _mc(5)).encode()
+    (tmp_path / "m.jsonl.bz2").write_bytes(bz2.compress(text))
+    with pytest.raises(ReplayError, match="a bzip2-compressed file: ingest reads plain text or gzip"):
+        convert(tmp_path / "m.jsonl.bz2", tmp_path / "o.parquet")
+    (tmp_path / "m.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 16)
+    with pytest.raises(ReplayError, match="a zstd-compressed file"):
+        convert(tmp_path / "m.jsonl.zst", tmp_path / "o.parquet", format="mooncake")
+    (tmp_path / "gz.jsonl").write_bytes(gzip.compress(text))
+    with pytest.raises(ReplayError, match="without the .gz suffix"):
+        convert(tmp_path / "gz.jsonl", tmp_path / "o.parquet")
+    (tmp_path / "m.jsonl.gz").write_bytes(gzip.compress(text))
+    assert convert(tmp_path / "m.jsonl.gz", tmp_path / "o.parquet").rows_written == 2
+
+
+def test_a_json_array_and_a_header_without_rows_get_plain_words(tmp_path):
+    array = _write(tmp_path / "a.json", json.dumps([_mc(0), _mc(5)]))
+    with pytest.raises(ReplayError, match="a JSON array, not JSON Lines"):
+        convert(array, tmp_path / "o.parquet")
+    for name, text in (("h.csv", AZURE_HEADER), ("h_nonl.csv", AZURE_HEADER.rstrip("\n"))):
+        with pytest.raises(ReplayError, match="no rows in the file"):
+            convert(_write(tmp_path / name, text), tmp_path / "o.parquet")
+
+
+def test_where_on_a_label_the_format_does_not_carry_is_refused(tmp_path):
+    src = _write(tmp_path / "m.jsonl", _mooncake(_mc(0), _mc(5)))
+    with pytest.raises(ReplayError, match="mooncake files carry no tenant label"):
+        convert(src, tmp_path / "o.parquet", where={"tenant": "alice"})
