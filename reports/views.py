@@ -35,7 +35,7 @@ from replay.engine.output_schema import (
     STEPS_SCHEMA,
 )
 from replay.engine.scaling_output import SCALING_FILE
-from replay.ingest.schema import TRACE_SCHEMA, TraceMetadata
+from replay.ingest.schema import OPTIONAL_SCHEMA, TRACE_SCHEMA, TraceMetadata
 from replay.reports.sqlfiles import sql
 
 # The output views; `trace` is added when the run's trace can be found. chunks.parquet is opened as
@@ -214,7 +214,9 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
         except Exception as exc:
             raise TraceError(f"cannot read the run's trace: {exc}", path=str(trace_path)) from None
         _check_columns(trace_path, TRACE_SCHEMA)
-        columns = ", ".join(TRACE_SCHEMA.names)
+        # What was measured and the labels ride along, when the trace has them (ingested logs).
+        present = set(pq.read_schema(trace_path).names)
+        columns = ", ".join(TRACE_SCHEMA.names + [n for n in OPTIONAL_SCHEMA.names if n in present])
         lit = sql_literal(trace_path.resolve())
         # A run limited by load.max_requests (or load.window) replayed some of the trace's rows: the trace views
         # (and so the infinite-cache ideal) cover exactly those.

@@ -213,3 +213,20 @@ def test_where_on_a_label_the_format_does_not_carry_is_refused(tmp_path):
     src = _write(tmp_path / "m.jsonl", _mooncake(_mc(0), _mc(5)))
     with pytest.raises(ReplayError, match="mooncake files carry no tenant label"):
         convert(src, tmp_path / "o.parquet", where={"tenant": "alice"})
+
+
+def test_the_trace_view_keeps_what_was_measured_and_the_labels(tmp_path):
+    """A benchmark export replayed: `replay sql` can group predictions by its labels and set them
+    beside its measurements (the `trace` view holds its measured_* and label columns)."""
+    from replay.reports.views import open_run
+
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "guidellm_v05_benchmarks.json"
+    convert(src, tmp_path / "t.parquet", drop_failed=True)
+    measured = pq.read_table(tmp_path / "t.parquet")
+    run = open_run(write_sample_run(tmp_path / "run", tmp_path / "t.parquet"))
+    try:
+        got = run.con.sql("SELECT source_run, measured_ttft_ms FROM trace ORDER BY request_id").fetchall()
+    finally:
+        run.con.close()
+    order = measured.sort_by("request_id")
+    assert got == list(zip(order["source_run"].to_pylist(), order["measured_ttft_ms"].to_pylist()))
