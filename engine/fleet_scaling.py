@@ -9,7 +9,8 @@ which Kubernetes / Dynamo behaviour each step follows (docs/autoscale.md):
   arrivals of the interval, and asks the autoscaler for a replica count.
 - Scale-up starts replicas at once; each joins ``scale_up_delay_s`` later (provisioning and weight
   loading), as a new engine: empty, with a cold prefix cache; routers see it from then on.
-  It takes the lowest replica id no live, starting or draining replica holds.
+  It takes the lowest replica id no live, starting or draining replica holds, and numbers its steps
+  on from the last engine that held that id.
 - Scale-down first cancels replicas still starting, the most recent first (a ReplicaSet deletes
   not-ready pods first), then drains live ones, the most recently joined first: a draining replica
   leaves the router at once and keeps serving what it holds (the waiting ones included) until it is
@@ -190,6 +191,10 @@ class FleetScaler:
 
     def _join(self, life: ReplicaLife, now: float, loop: FleetLoop) -> None:
         core = self.new_core(life.replica)
+        # A reused replica id continues its earlier engines' step numbers: (replica, step) names
+        # one step in steps.parquet, which the chunk runs and the reports' ITL join on.
+        core.step_idx = max((lf.core.step_idx for lf in self.lives
+                             if lf.replica == life.replica and lf.core is not None), default=0)
         loop.install_replica(core)
         life.core = core
         life.joined_ms = now

@@ -325,3 +325,32 @@ def test_fixed_fleet_writes_no_scaling_file_but_reports_cost(tmp_path):
     assert info["cost"]["gpu_hours"] == pytest.approx(2 * info["simulated_span_ms"] / 3.6e6)
     assert info["cost"]["cost"] == pytest.approx(3.0 * info["cost"]["gpu_hours"])
     json.dumps(info)
+
+
+def test_a_reused_replica_id_numbers_its_steps_on_so_chunks_and_itl_stay_exact(tmp_path):
+    """Scale up, drain, scale up again: the later engine under a reused id continues the earlier
+    one's step numbers, so (replica, step) names one step, every request's chunks add up to its
+    output and the ITL samples are one per emitted token after the first (no gap from a chunk
+    matched to another engine's step)."""
+    from replay.reports.views import open_run
+
+    burst = [{"arrival_ms": i * 10, "input_tokens": 16, "output_tokens": 10} for i in range(1500)]
+    trickle = [{"arrival_ms": 15_000 + i * 500, "input_tokens": 16, "output_tokens": 10} for i in range(60)]
+    again = [{"arrival_ms": 45_000 + i * 10, "input_tokens": 16, "output_tokens": 10} for i in range(1500)]
+    cfg = dict(AUTOSCALE, scale_up_delay_s=5.0, scale_down_delay_s=10.0, interval_s=5.0)
+    reqs, _, info = _run(tmp_path, burst + trickle + again, {"fleet": {"router": "round_robin", "autoscale": cfg}})
+    lives = info["scaling"]["replicas"]
+    reused = {lf["replica"] for lf in lives if lf["started_ms"] > 0 and lf["replica"] in
+              {other["replica"] for other in lives if other is not lf and other["started_ms"] < lf["started_ms"]}}
+    assert reused, "the scenario must reuse a replica id"
+    run = open_run(tmp_path / "out")
+    try:
+        con = run.con
+        assert con.sql("SELECT count(*) - count(DISTINCT (replica, step)) FROM steps").fetchall()[0][0] == 0
+        short = con.sql("SELECT count(*) FROM (SELECT request_id, sum(tokens) AS n FROM chunks GROUP BY 1) "
+                        "JOIN requests USING (request_id) WHERE n <> output_tokens").fetchall()[0][0]
+        assert short == 0
+        gaps, lo = con.sql("SELECT count(*), min(itl_ms) FROM itl_gaps").fetchall()[0]
+        assert gaps == int((reqs.output_tokens - 1).sum()) and lo > 0
+    finally:
+        run.con.close()
