@@ -27,6 +27,9 @@ class SchedulerLimits:
     max_model_len: int
     long_prefill_token_threshold: int = 0
     reserve_full_isl: bool = True
+    # vLLM 0.33 reserves the blocks of the loads in flight in allocate_slots whatever the
+    # full-prompt gate (_inflight_prefill_reserved_blocks); the 0.11 rules have no reservation.
+    reserve_loads: bool = True
     watermark_blocks: int = 0
     policy: str = "fcfs"
     num_spec_tokens: int = 0
@@ -106,7 +109,7 @@ class WaitingAdmission:
                 # still need for their whole prompts (_inflight_prefill_reserved_blocks): a load holds
                 # its blocks and cannot be preempted, so loads must not starve each other.
                 reserved = offload.reserved_blocks() if offload is not None else 0
-                if not self.admission_fits(r, new_computed, known, running, reserved):
+                if not self.admission_fits(r, new_computed, known, running, reserved, num_computed):
                     break
                 if not kv.allocate_slots(r, num_external, new_computed, 0, delay_cache=True):
                     break
@@ -190,15 +193,18 @@ class WaitingAdmission:
         return not self.admission_fits(r, hits, r.num_prompt_tokens + r.num_output_tokens, self.running)
 
     def admission_fits(self, r: Request, new_computed: list[int], known: int,
-                       running: list[Request], reserved: int = 0) -> bool:
+                       running: list[Request], reserved: int = 0, load_tokens: int = 0) -> bool:
         """vLLM >= 0.19 full-prompt gate (+ watermark when others run); [0.11] no gate.
 
         vLLM 0.33 (allocate_slots, full_sequence_must_fit): room for every known token, lookahead
-        slots not included.
+        slots not included. A load (``load_tokens``: the tokens it allocates for) must also leave
+        the ``reserved`` blocks of the loads in flight, with the gate or without it.
         """
         lim = self.limits
         if not lim.reserve_full_isl:
-            return True
+            if not (reserved and lim.reserve_loads):
+                return True
+            return self.kv.num_blocks_to_admit(r, new_computed, load_tokens) + reserved <= self.kv.pool.get_num_free_blocks()
         need = self.kv.num_blocks_to_admit(r, new_computed, known) + reserved
         if running:
             need += lim.watermark_blocks

@@ -54,6 +54,7 @@ def scheduler_limits_for(config: EngineConfig, num_gpu_blocks: int, max_model_le
         max_model_len=max_model_len,
         long_prefill_token_threshold=sc.long_prefill_token_threshold,
         reserve_full_isl=sc.reserve_full_isl and not v011,
+        reserve_loads=not v011,
         watermark_blocks=0 if v011 else int(sc.watermark * num_gpu_blocks),
         policy=sc.policy,
         num_spec_tokens=k,

@@ -387,3 +387,21 @@ def test_hit_tokens_per_tier_by_hand():
     assert hit_tokens_per_tier([32, 64], 8, 87, 16) == [24, 63]
     assert hit_tokens_per_tier([0, 48], 0, 48, 16) == [0, 48]  # nothing in host: all from disk
     assert hit_tokens_per_tier([16, 0], 16, 15, 16) == [15, 0]  # GPU hit on a boundary: no share to give
+
+
+def test_loads_in_flight_stay_reserved_without_the_full_prompt_gate(tmp_path):
+    # vLLM 0.33 reserves the blocks of the loads in flight in allocate_slots, not in the full-prompt
+    # gate: with scheduler.reserve_full_isl false a small GPU cache with G2 must still complete
+    # (without the reservation the sample sessions stopped at 699.5 s: a preempted head needing
+    # 1,802 blocks, behind it a finished load holding 296, nothing running).
+    from pathlib import Path
+
+    from replay.ingest.api import load_trace
+
+    path = Path(__file__).resolve().parents[2] / "sample_traces" / "mooncake_sessions.jsonl"
+    table, meta = load_trace(path)
+    cfg = EngineConfig.model_validate({"kv_cache": {"num_gpu_blocks": 1200},
+                                       "host_offload": {"num_cpu_blocks": 20000},
+                                       "scheduler": {"reserve_full_isl": False}})
+    t = replay_trace(table, meta, cfg, tmp_path / "out").run_info["totals"]
+    assert t["finished"] == table.num_rows and t["cpu_hit_tokens"] > 0
