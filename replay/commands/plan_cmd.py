@@ -36,6 +36,8 @@ def plan(
     ray: str | None = typer.Option(None, "--ray", help=RAY_HELP),
     workers: int | None = typer.Option(None, "--workers", "-j", min=1, help="Local worker processes (default: all cores)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or tables."),
+    on_error: str = typer.Option("fail", "--on-error", help="As `replay run`: fail (a config with an unreplayable "
+                                 "request fails, and so does the plan) or skip (such requests are marked rejected)."),
 ) -> None:
     """The fewest GPUs (replicas x tensor_parallel_size, over every pool) meeting --slo among the --vary candidates."""
     from replay.sweep.grid import check_axes, parse_axes, parse_axis
@@ -51,6 +53,8 @@ def plan(
             raise ReplayError("--goal takes min or max")
         if search not in SEARCHES:
             raise ReplayError(f"--search takes {', '.join(SEARCHES)}")
+        if on_error not in ("fail", "skip"):
+            raise ReplayError("--on-error takes fail or skip")
         sweep_slo = parse_sweep_slo(slo)
         if not sweep_slo.constraints:
             raise ReplayError("--slo needs at least one <metric>_<stat>=ms constraint, e.g. ttft_p99=2000")
@@ -69,7 +73,7 @@ def plan(
             where = outdir if outdir is not None else Path(scratch) / "plan"
             session = SweepSession.open(trace, config, where, sweep_slo,
                                         SweepOptions(ray=ray, workers=workers,
-                                                     summary_only=summary_only or outdir is None),
+                                                     summary_only=summary_only or outdir is None, on_error=on_error),
                                         overrides=set_)
             session.write_definition({"command": "plan", "vary": vary, "grid": grid, "goal": goal,
                                       "search": search})
@@ -84,12 +88,23 @@ def plan(
                 raise ReplayError(f"interrupted: {kept} the same command to resume (finished runs are reused)") from None
             finally:
                 session.close()
+            _refuse_failed_runs(outcome.results)
             rows = answer_rows(outcome, session)
             paths = write_plan(session, others + vary_axes, outcome, rows) if outdir is not None else None
     if not quiet:
         _print(rows, [a.key for a in vary_axes], [a.key for a in others], session, paths)
     elif outdir is None:
         _print_answers(rows, [a.key for a in vary_axes], [a.key for a in others])
+
+
+def _refuse_failed_runs(results) -> None:
+    """A run that failed is not a run that missed the SLO: an answer built on it would be wrong
+    (a bisection reads it as "too few GPUs"), so the plan stops and names it."""
+    failed = [r for r in results if r.error]
+    if failed:
+        at = ", ".join(f"{k}={v.label}" for k, v in failed[0].point)
+        raise ReplayError(f"{len(failed)} of {len(results)} runs failed, so no answer is given; the first "
+                          f"({at}): {failed[0].error}")
 
 
 def _check_numeric(axis) -> None:

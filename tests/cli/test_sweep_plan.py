@@ -165,6 +165,21 @@ def test_plan_without_output_prints_the_answer_and_keeps_nothing(tmp_path, monke
     assert res.exit_code == 0 and res.output.strip() == "1 (1 GPUs)", res.output
 
 
+def test_runs_that_fail_stop_the_plan_instead_of_reading_as_missed_slos(tmp_path):
+    """A run that cannot replay its trace (here: requests longer than max_model_len) is not a run
+    that missed the SLO: the plan says which failed and exits 2; with --on-error skip the runs
+    complete (the requests are marked rejected) and the plan answers."""
+    args = ["plan", str(SAMPLE), "--slo", "ttft_p99=200000", "--vary", "fleet.replicas=1..2", "-j", "1", "-q",
+            "--set", "max_model_len=2048"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())
+    assert "runs failed, so no answer is given" in text and "(fleet.replicas=1)" in text
+    assert "can never be replayed" in text
+    res = CliRunner().invoke(app, [*args, "--on-error", "skip"])
+    assert res.exit_code == 0 and "failed" not in res.output, res.output
+
+
 def _burst_trace(path: Path, k: int) -> Path:
     """k requests arriving together: 64 prompt tokens each (distinct blocks), 400 output tokens."""
     rows = [{"request_id": f"b{i}", "arrival_ms": 0, "input_tokens": 64, "output_tokens": 400,
