@@ -172,87 +172,123 @@ def _generation_batches(cfg: SynthConfig) -> Iterator[pa.Table]:
     # Session plan: turn counts (geometric, mean turns_mean). Sessions are generated for 1.5x the
     # requests and the first n by arrival kept, so the trace is a window of steady traffic (no tail
     # of lone late turns) and sessions running at the window's end are cut, as in a real capture.
+    # A session whose context reaches max_input ends there (a later turn could not grow it), leaving
+    # requests of the plan unmade: a further round plans sessions for them, starting after the last
+    # one, until the requests exist (without such ends there is one round).
     p_end = 1.0 / cfg.turns_mean
     n_gen = n + max(n // 2, 10)
-    turn_counts: list[int] = []
-    total = 0
-    while total < n_gen:
-        k = min(int(rng.geometric(p_end)), n_gen - total)
-        turn_counts.append(k)
-        total += k
-    n_conv = len(turn_counts)
-    conv_sys = rng.choice(cfg.system_prompts, size=n_conv, p=popularity)
-    user = _lengths(rng, cfg, cfg.user_tokens, n_gen, cfg.max_input)
-    out_len = _lengths(rng, cfg, cfg.output_tokens, n_gen, cfg.max_output)
-    think_ms = np.rint(rng.exponential(cfg.think_s * 1000.0, n_gen)).astype(np.int64)
-    if closed:
-        users = np.arange(n_conv) % cfg.concurrency
-        starts = np.zeros(n_conv)
-    else:
-        mean_gap = n_gen / n_conv / cfg.rate  # seconds between session starts, so requests/s ~= rate
-        starts = np.cumsum(_gaps(rng, cfg, mean_gap, n_conv))
-        starts -= starts[0]
-        if cfg.has_daily_shape:
-            starts = rescale_to_daily(cfg, starts)
-
     names = ("request_id", "t", "input_tokens", "output_tokens", "hash_ids", "session_id", "parent_id", "turn",
              "delay_ms")
     cols: dict[str, list] = {k: [] for k in names}
     user_clock: dict[int, tuple[float, str, int, int, int]] = {}  # user -> (t, id, turns, input, output)
-    i = g0 = 0
+    g0 = 0
+    made = 0  # requests generated
+    c0 = 0  # sessions planned by earlier rounds
+    flat_end = 0.0  # open loop: the last planned session's start on the homogeneous clock
+    while made < n_gen:
+        want = n_gen - made
+        turn_counts: list[int] = []
+        total = 0
+        while total < want:
+            k = min(int(rng.geometric(p_end)), want - total)
+            turn_counts.append(k)
+            total += k
+        n_conv = len(turn_counts)
+        conv_sys = rng.choice(cfg.system_prompts, size=n_conv, p=popularity)
+        user = _lengths(rng, cfg, cfg.user_tokens, want, cfg.max_input)
+        out_len = _lengths(rng, cfg, cfg.output_tokens, want, cfg.max_output)
+        think_ms = np.rint(rng.exponential(cfg.think_s * 1000.0, want)).astype(np.int64)
+        starts = np.zeros(n_conv)
+        if not closed:
+            # Seconds between session starts, so requests/s ~= rate: over the requests the sessions
+            # make (fewer than planned when contexts reach max_input).
+            made_here = _turns_made(cfg, turn_counts, conv_sys, sys_len, user, out_len)
+            mean_gap = made_here / n_conv / cfg.rate
+            flat = np.cumsum(_gaps(rng, cfg, mean_gap, n_conv))
+            if c0 == 0:
+                flat -= flat[0]
+            else:
+                flat += flat_end
+            flat_end = float(flat[-1])
+            starts = rescale_to_daily(cfg, flat) if cfg.has_daily_shape else flat
+        i = 0
+        for cl, turns in enumerate(turn_counts):
+            c = c0 + cl
+            s = int(conv_sys[cl])
+            ctx_len = int(sys_len[s])
+            ctx_full = list(sys_blocks[s])  # ids of the full blocks of the current context
+            prev_t, prev_id, prev_in, prev_out = 0.0, None, 0, 0
+            for k in range(turns):
+                if k > 0:
+                    ctx_len = prev_in + prev_out
+                new_len = min(ctx_len + int(user[i]), cfg.max_input)
+                full_now = new_len // cfg.block_size
+                keep = min(len(ctx_full), full_now, ctx_len // cfg.block_size)
+                ctx_full = ctx_full[:keep] + fresh(full_now - keep)
+                ids = ctx_full + (fresh(1) if new_len % cfg.block_size else [])
+                rid = f"c{c:06d}-{k + 1}"
+                if closed:
+                    u = c % cfg.concurrency
+                    last = user_clock.get(u)
+                    if last is None:
+                        t, delay, parent, turn_no, sess = 0.0, None, None, 1, f"u{u:04d}"
+                    else:
+                        lt, lid, lturns, lin, lout = last
+                        delay = int(think_ms[i])
+                        t = lt + _service_s(lin, lout) + delay / 1000.0
+                        parent, turn_no, sess = lid, lturns + 1, f"u{u:04d}"
+                    user_clock[u] = (t, rid, turn_no, new_len, int(out_len[i]))
+                else:
+                    sess = f"c{c:06d}"
+                    if k == 0:
+                        t, delay, parent = float(starts[cl]), None, None
+                    else:
+                        delay = int(think_ms[i])
+                        t = prev_t + _service_s(prev_in, prev_out) + delay / 1000.0
+                        parent = prev_id
+                    turn_no = k + 1
+                cols["request_id"].append(rid)
+                cols["t"].append(t)
+                cols["input_tokens"].append(new_len)
+                cols["output_tokens"].append(int(out_len[i]))
+                cols["hash_ids"].append(ids)
+                cols["session_id"].append(sess)
+                cols["parent_id"].append(parent)
+                cols["turn"].append(turn_no)
+                cols["delay_ms"].append(delay)
+                prev_t, prev_id, prev_in, prev_out = t, rid, new_len, int(out_len[i])
+                i += 1
+                made += 1
+                if len(cols["t"]) == BATCH_ROWS:
+                    yield _batch(cols, g0)
+                    g0 += BATCH_ROWS
+                    cols = {k: [] for k in names}
+                if new_len >= cfg.max_input:
+                    break
+        c0 += n_conv
+    if cols["t"]:
+        yield _batch(cols, g0)
+
+
+def _turns_made(cfg: SynthConfig, turn_counts: list[int], conv_sys: np.ndarray, sys_len: np.ndarray,
+                user: np.ndarray, out_len: np.ndarray) -> int:
+    """How many requests the planned sessions make: a session ends at the turn whose context
+    reaches max_input (the context lengths of _generation_batches, without the ids)."""
+    made = i = 0
+    cap = cfg.max_input
     for c, turns in enumerate(turn_counts):
-        s = int(conv_sys[c])
-        ctx_len = int(sys_len[s])
-        ctx_full = list(sys_blocks[s])  # ids of the full blocks of the current context
-        prev_t, prev_id, prev_in, prev_out = 0.0, None, 0, 0
+        ctx_len = int(sys_len[int(conv_sys[c])])
+        prev_in = prev_out = 0
         for k in range(turns):
             if k > 0:
                 ctx_len = prev_in + prev_out
-            new_len = min(ctx_len + int(user[i]), cfg.max_input)
-            full_now = new_len // cfg.block_size
-            keep = min(len(ctx_full), full_now, ctx_len // cfg.block_size)
-            ctx_full = ctx_full[:keep] + fresh(full_now - keep)
-            ids = ctx_full + (fresh(1) if new_len % cfg.block_size else [])
-            rid = f"c{c:06d}-{k + 1}"
-            if closed:
-                u = int(users[c])
-                last = user_clock.get(u)
-                if last is None:
-                    t, delay, parent, turn_no, sess = 0.0, None, None, 1, f"u{u:04d}"
-                else:
-                    lt, lid, lturns, lin, lout = last
-                    delay = int(think_ms[i])
-                    t = lt + _service_s(lin, lout) + delay / 1000.0
-                    parent, turn_no, sess = lid, lturns + 1, f"u{u:04d}"
-                user_clock[u] = (t, rid, turn_no, new_len, int(out_len[i]))
-            else:
-                sess = f"c{c:06d}"
-                if k == 0:
-                    t, delay, parent = float(starts[c]), None, None
-                else:
-                    delay = int(think_ms[i])
-                    t = prev_t + _service_s(prev_in, prev_out) + delay / 1000.0
-                    parent = prev_id
-                turn_no = k + 1
-            cols["request_id"].append(rid)
-            cols["t"].append(t)
-            cols["input_tokens"].append(new_len)
-            cols["output_tokens"].append(int(out_len[i]))
-            cols["hash_ids"].append(ids)
-            cols["session_id"].append(sess)
-            cols["parent_id"].append(parent)
-            cols["turn"].append(turn_no)
-            cols["delay_ms"].append(delay)
-            prev_t, prev_id, prev_in, prev_out = t, rid, new_len, int(out_len[i])
+            new_len = min(ctx_len + int(user[i]), cap)
+            prev_in, prev_out = new_len, int(out_len[i])
             i += 1
-            if len(cols["t"]) == BATCH_ROWS:
-                yield _batch(cols, g0)
-                g0 += BATCH_ROWS
-                cols = {k: [] for k in names}
-            if new_len >= cfg.max_input:
+            made += 1
+            if new_len >= cap:
                 break
-    if cols["t"]:
-        yield _batch(cols, g0)
+    return made
 
 
 def _batch(cols: dict[str, list], g0: int) -> pa.Table:

@@ -53,6 +53,21 @@ def test_rate_and_lengths_follow_config() -> None:
     assert set(fixed.column("output_tokens").to_pylist()) == {77}
 
 
+@pytest.mark.parametrize("arrival", ["poisson", "closed"])
+def test_sessions_cut_by_max_input_still_give_the_requested_count(arrival) -> None:
+    """A session whose context reaches max_input ends there; the requests its later turns would have
+    been come from further sessions (the count was short: 64 of 500 here), each well formed."""
+    cfg = SynthConfig(requests=500, max_input=1600, turns_mean=20, arrival=arrival, concurrency=8, seed=7)
+    table = generate(cfg)
+    assert table.num_rows == 500
+    assert max(table.column("input_tokens").to_pylist()) <= 1600
+    assert len(set(table.column("request_id").to_pylist())) == 500
+    arrivals = table.column("arrival_ms").to_numpy()
+    assert np.all(np.diff(arrivals) >= 0)
+    if arrival == "poisson":
+        assert trace_stats(table, block_size=cfg.block_size)["mean_rate_rps"] == pytest.approx(cfg.rate, rel=0.5)
+
+
 def test_closed_loop_users() -> None:
     t = generate(SynthConfig(requests=400, arrival="closed", concurrency=4, seed=5))
     assert len(set(t.column("session_id").to_pylist())) == 4
