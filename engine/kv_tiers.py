@@ -24,6 +24,7 @@ Rules (docs/kv-tiers.md says why; LMCache, Dynamo KVBM and vLLM's tiering manage
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 
 from replay.base.errors import ConfigError
@@ -246,11 +247,25 @@ class TierChain:
         self._memo: dict[int, tuple[tuple[int, ...], int, int, list[TierLoad]]] = {}
         self.write_through = [i for i, t in enumerate(tiers) if t.cfg.store == "write_through"]
         self.host_tiers = [i for i, t in enumerate(tiers) if t.cfg.medium == "host"]
+        # Tiers whose evictions are written to a cluster tier: their writes landing are events.
+        self.cluster_feeders = [t for t in tiers if t.below is not None and t.below.cfg.scope == "cluster"]
 
     def apply(self, now_ms: float) -> None:
         for tier in self.tiers:
             if tier.pending and tier.pending[0][0] <= now_ms:
                 tier.apply(now_ms)
+
+    def next_event_ms(self) -> float:
+        """When the next write lands in a tier whose evictions go to a cluster tier. Landing, it
+        evicts, and those writes queue on the cluster's shared link in the order replicas issue
+        them, which other replicas' transfers then wait behind: the replica must act at that
+        instant (a decode window must not carry it to the window's end), or the order, and what
+        every replica sees of the pool, would depend on how its steps were grouped."""
+        t = math.inf
+        for tier in self.cluster_feeders:
+            if tier.pending and tier.pending[0][0] < t:
+                t = tier.pending[0][0]
+        return t
 
     def release(self) -> None:
         """Empty this replica's tiers for good (a cluster tier too: releasing it twice is harmless)."""

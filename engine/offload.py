@@ -413,6 +413,10 @@ class OffloadManager:
             t = self._loads[0][0]
         if self.lookup_wait_ms < t:
             t = self.lookup_wait_ms
+        if self.lower is not None:
+            landing = self.lower.next_event_ms()
+            if landing < t:
+                t = landing
         return t
 
     def step_stats(self) -> tuple[int, int, int, float]:

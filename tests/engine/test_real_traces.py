@@ -176,21 +176,33 @@ def _sorted_rows(path) -> dict:
     return out
 
 
-@pytest.mark.parametrize("overrides", [
+_TIER_SSD = {"name": "ssd", "medium": "disk", "scope": "replica", "size_gb": 30, "read_gb_per_s": 6,
+             "write_gb_per_s": 3, "latency_ms": 0.1}
+_TIER_POOL = {"name": "pool", "medium": "remote", "scope": "cluster", "num_blocks": 60000, "read_gb_per_s": 25,
+              "write_gb_per_s": 25, "store": "on_evict"}
+
+
+@pytest.mark.parametrize("rows,config", [
     # Disaggregated, small GPU caches: a prefill replica stalls on the blocks of prompts it holds
     # for the decode pool, and any decode replica's read sets it going again (a decode window must
     # not run past that: once it did, and a request's read started 40 ms late).
-    ["fleet.mode=disaggregated", "fleet.router=round_robin", "fleet.prefill.replicas=2",
-     "fleet.decode.replicas=3", "fleet.kv_transfer.bandwidth_gb_per_s=20", "kv_cache.num_gpu_blocks=4000",
-     "load.speedup=2.0"],
+    (300, {"kv_cache": {"num_gpu_blocks": 4000}, "load": {"speedup": 2.0},
+           "fleet": {"mode": "disaggregated", "router": "round_robin", "prefill": {"replicas": 2},
+                     "decode": {"replicas": 3}, "kv_transfer": {"bandwidth_gb_per_s": 20}}}),
+    # A replica disk tier whose evictions go to a cluster pool: a write landing in the disk tier
+    # evicts, and those writes queue on the pool's shared link in the order replicas issue them
+    # (a window once issued them at its end: 601 of 1,500 requests differed).
+    (1500, {"kv_cache": {"num_gpu_blocks": 2000, "tiers": [_TIER_SSD, _TIER_POOL]},
+            "host_offload": {"num_cpu_blocks": 3000}, "load": {"speedup": 2.0},
+            "fleet": {"replicas": 3, "router": "random"}}),
 ])
-def test_fast_forward_gives_the_same_rows_in_fleets_on_real_traffic(tmp_path, mooncake_trace, overrides):
-    from replay.engine.config import load_config
+def test_fast_forward_gives_the_same_rows_in_fleets_on_real_traffic(tmp_path, mooncake_trace, rows, config):
+    from replay.engine.config import EngineConfig
     from replay.engine.run_setup import resolve_setup
 
     table, meta = load_trace(mooncake_trace)
-    table = table.slice(0, 300)
-    cfg = load_config(None, overrides)
+    table = table.slice(0, rows)
+    cfg = EngineConfig.model_validate(config)
     for ff in (True, False):
         replay_trace(table, meta, cfg, tmp_path / f"ff{ff}", setup=resolve_setup(cfg), fast_forward=ff,
                      on_error="skip")
