@@ -100,7 +100,8 @@ def parse_float(arr: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, BadValues]:
     if pa.types.is_integer(t) or pa.types.is_floating(t):
         out = arr.cast(pa.float64())
         vals = out.to_numpy(zero_copy_only=False)
-        bad_mask = np.isinf(vals)
+        # A NaN the source wrote (JSON's non-standard NaN) is a bad value, not a missing one.
+        bad_mask = np.isinf(vals) | (_np_mask(pc.is_valid(out)) & np.isnan(vals))
         if bad_mask.any():
             out = pc.if_else(pa.array(bad_mask), pa.scalar(None, pa.float64()), out)
         return out, [(i, f"not a finite number: {float(vals[i])!r}") for i in _indices(bad_mask)]

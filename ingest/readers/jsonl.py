@@ -99,6 +99,8 @@ def _coerce(value: Any, typ: pa.DataType) -> tuple[Any, str | None]:
     if pa.types.is_floating(typ):
         if isinstance(value, bool) or not isinstance(value, int | float):
             return None, f"not a number: {json.dumps(value)[:60]}"
+        if isinstance(value, float) and value != value:  # JSON's non-standard NaN: not a missing value
+            return None, "not a finite number: NaN"
         return float(value), None
     if pa.types.is_struct(typ):  # a nested object read through a dotted --map path
         if not isinstance(value, dict):

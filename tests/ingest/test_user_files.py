@@ -230,3 +230,9 @@ def test_the_trace_view_keeps_what_was_measured_and_the_labels(tmp_path):
         run.con.close()
     order = measured.sort_by("request_id")
     assert got == list(zip(order["source_run"].to_pylist(), order["measured_ttft_ms"].to_pylist()))
+
+
+def test_a_nan_the_file_wrote_is_a_bad_value_not_a_missing_one(tmp_path):
+    text = _mooncake(_mc(0), _mc(5)) + '{"timestamp": NaN, "input_length": 100, "output_length": 10, "hash_ids": [9]}\n'
+    with pytest.raises(ReplayError, match=r"line 3, field 'timestamp.*not a finite number: nan"):
+        convert(_write(tmp_path / "nan.jsonl", text), tmp_path / "o.parquet")
