@@ -66,6 +66,7 @@ class ReplicaTotals:
 
     replica: int  # global id
     step_idx: int
+    first_step: int
     busy_ms: float
     schedule_calls: int
     sched: SchedTotals
@@ -125,7 +126,8 @@ def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup,
     replica = recorder.replica[rows].astype(np.int64)
     replica[replica >= 0] += cp.replica_offset
     totals = [ReplicaTotals(
-        replica=core.replica + cp.replica_offset, step_idx=core.step_idx, busy_ms=core.busy_ms,
+        replica=core.replica + cp.replica_offset, step_idx=core.step_idx, first_step=core.first_step,
+        busy_ms=core.busy_ms,
         schedule_calls=core.schedule_calls,
         sched=SchedTotals(core.sched.prefix_query_tokens, core.sched.prefix_hit_tokens, core.sched.cpu_hit_tokens,
                           core.sched.total_preemptions),

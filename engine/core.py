@@ -64,6 +64,9 @@ class EngineCore:
                                            getattr(timer, "decode_run", None))
         self.now = 0.0  # this replica's clock: the end of its step or window in flight
         self.step_idx = 0
+        # The step number it started at: 0, or (an autoscaled fleet reusing a replica id) the next
+        # after the earlier engine's, so that (replica, step) names one step; it took step_idx - first_step.
+        self.first_step = 0
         self.schedule_calls = 0  # steps built by the scheduler (the rest are decode windows'); run.json
         self.idle_spins = 0
         self.busy_ms = 0.0  # total duration of its steps

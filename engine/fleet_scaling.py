@@ -193,8 +193,8 @@ class FleetScaler:
         core = self.new_core(life.replica)
         # A reused replica id continues its earlier engines' step numbers: (replica, step) names
         # one step in steps.parquet, which the chunk runs and the reports' ITL join on.
-        core.step_idx = max((lf.core.step_idx for lf in self.lives
-                             if lf.replica == life.replica and lf.core is not None), default=0)
+        core.step_idx = core.first_step = max((lf.core.step_idx for lf in self.lives
+                                               if lf.replica == life.replica and lf.core is not None), default=0)
         loop.install_replica(core)
         life.core = core
         life.joined_ms = now

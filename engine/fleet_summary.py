@@ -20,7 +20,7 @@ def fleet_summary(cores: list[EngineCore], recorder: Recorder, selected: np.ndar
         s = core.sched
         earlier = by_id.get(core.replica)
         if earlier is not None:  # an autoscaled fleet gave this id to a new engine: one row per id
-            earlier["steps"] += core.step_idx
+            earlier["steps"] += core.step_idx - core.first_step
             earlier["busy_ms"] += core.busy_ms
             earlier["busy_fraction"] = earlier["busy_ms"] / span_ms if span_ms > 0 else 0.0
             earlier["prefix_query_tokens"] += s.prefix_query_tokens
@@ -36,7 +36,7 @@ def fleet_summary(cores: list[EngineCore], recorder: Recorder, selected: np.ndar
             "replica": core.replica - replica_offset,
             "requests": int(mine.sum()),
             "finished": int((mine & finished).sum()),
-            "steps": core.step_idx,
+            "steps": core.step_idx - core.first_step,
             "busy_ms": core.busy_ms,
             "busy_fraction": core.busy_ms / span_ms if span_ms > 0 else 0.0,
             "prefix_query_tokens": s.prefix_query_tokens,

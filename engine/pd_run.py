@@ -221,7 +221,7 @@ def pools_summary(loop: PDFleetLoop, parts: PDParts, span_ms: float) -> dict:
             "hardware": pool.config.hardware,
             "gpus": gpus,
             "num_gpu_blocks": pool.setup.num_gpu_blocks,
-            "steps": sum(c.step_idx for c in cores),
+            "steps": sum(c.step_idx - c.first_step for c in cores),
             "busy_ms": busy,
             "gpu_seconds": gpus * span_ms / 1e3 if scaler is None else replica_ms * tp / 1e3,
             "busy_gpu_seconds": busy * tp / 1e3,

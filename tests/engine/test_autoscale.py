@@ -343,6 +343,8 @@ def test_a_reused_replica_id_numbers_its_steps_on_so_chunks_and_itl_stay_exact(t
     reused = {lf["replica"] for lf in lives if lf["started_ms"] > 0 and lf["replica"] in
               {other["replica"] for other in lives if other is not lf and other["started_ms"] < lf["started_ms"]}}
     assert reused, "the scenario must reuse a replica id"
+    # run.json counts each engine's own steps once: per replica, they add up to the steps written.
+    assert sum(r["steps"] for r in info["fleet"]["per_replica"]) == info["totals"]["steps"]
     run = open_run(tmp_path / "out")
     try:
         con = run.con
