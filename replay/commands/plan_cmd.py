@@ -88,23 +88,31 @@ def plan(
                 raise ReplayError(f"interrupted: {kept} the same command to resume (finished runs are reused)") from None
             finally:
                 session.close()
-            _refuse_failed_runs(outcome.results)
+            failures = _failed_runs(outcome.results)
             rows = answer_rows(outcome, session)
             paths = write_plan(session, others + vary_axes, outcome, rows) if outdir is not None else None
+    if failures is not None and not quiet:
+        console.print(f"[yellow]{failures}[/]", highlight=False)
     if not quiet:
         _print(rows, [a.key for a in vary_axes], [a.key for a in others], session, paths)
     elif outdir is None:
         _print_answers(rows, [a.key for a in vary_axes], [a.key for a in others])
 
 
-def _refuse_failed_runs(results) -> None:
-    """A run that failed is not a run that missed the SLO: an answer built on it would be wrong
-    (a bisection reads it as "too few GPUs"), so the plan stops and names it."""
-    failed = [r for r in results if r.error]
-    if failed:
-        at = ", ".join(f"{k}={v.label}" for k, v in failed[0].point)
-        raise ReplayError(f"{len(failed)} of {len(results)} runs failed, so no answer is given; the first "
-                          f"({at}): {failed[0].error}")
+def _failed_runs(results) -> str | None:
+    """Runs that could not replay the trace (a config too small for its longest requests) count as
+    missing the SLO, which is what they are for the search; the plan says so in a line. When every
+    run failed nothing was learned (and "none in range" would hide the error): the plan stops, naming
+    the first. Candidates whose config does not validate are not runs (the sweep counts them)."""
+    ran = [r for r in results if r.key is not None]
+    failed = [r for r in ran if r.error]
+    if not failed:
+        return None
+    at = ", ".join(f"{k}={v.label}" for k, v in failed[0].point)
+    if len(failed) == len(ran):
+        raise ReplayError(f"all {len(ran)} runs failed, so no answer is given; the first ({at}): {failed[0].error}")
+    return (f"{len(failed)} of {len(ran)} runs could not replay the trace and count as missing the SLO "
+            f"(the first, {at}: {failed[0].error})")
 
 
 def _check_numeric(axis) -> None:

@@ -173,7 +173,8 @@ class SweepSession:
             elif res.key in todo:  # two points with one config (e.g. a value equal to the default)
                 progress.advance({}, reused=True)
             elif self.store.is_done(res.key, need_run_dir=not self.options.summary_only,
-                                    retry_failed=self.options.retry_failed):
+                                    # a failure stored without --on-error skip may not fail with it
+                                    retry_failed=self.options.retry_failed or self.options.on_error == "skip"):
                 self.counts["reused"] += 1
                 progress.advance(self.store.load(res.key) or {}, reused=True)
             else:

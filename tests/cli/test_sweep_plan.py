@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from replay.api import run as direct_run
 from replay.base.errors import TraceError
 from replay.cli import app
+from replay.ingest import load_trace
 from replay.sweep.grid import parse_axis
 from replay.sweep.plan import answer_rows, plan
 from replay.sweep.runner import PointResult
@@ -165,19 +166,27 @@ def test_plan_without_output_prints_the_answer_and_keeps_nothing(tmp_path, monke
     assert res.exit_code == 0 and res.output.strip() == "1 (1 GPUs)", res.output
 
 
-def test_runs_that_fail_stop_the_plan_instead_of_reading_as_missed_slos(tmp_path):
-    """A run that cannot replay its trace (here: requests longer than max_model_len) is not a run
-    that missed the SLO: the plan says which failed and exits 2; with --on-error skip the runs
-    complete (the requests are marked rejected) and the plan answers."""
+def test_runs_that_fail_are_named_and_stop_the_plan_when_all_fail(tmp_path):
+    """A run that cannot replay the trace (requests longer than max_model_len, or more KV blocks than
+    the cache) counts as missing the SLO, and the plan says how many did; when every run failed the
+    plan stops (exit 2) naming the first instead of answering "none in range"."""
     args = ["plan", str(SAMPLE), "--slo", "ttft_p99=200000", "--vary", "fleet.replicas=1..2", "-j", "1", "-q",
             "--set", "max_model_len=2048"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2, res.output
     text = " ".join(res.output.split())
-    assert "runs failed, so no answer is given" in text and "(fleet.replicas=1)" in text
+    assert "all 2 runs failed, so no answer is given" in text and "(fleet.replicas=1)" in text
     assert "can never be replayed" in text
-    res = CliRunner().invoke(app, [*args, "--on-error", "skip"])
-    assert res.exit_code == 0 and "failed" not in res.output, res.output
+    # Candidates below what the longest requests need fail; the plan answers above them and says so.
+    table, _ = load_trace(SAMPLE)
+    need = max(-(-(i + o) // 16) for i, o in zip(table["input_tokens"].to_pylist(), table["output_tokens"].to_pylist()))
+    res = CliRunner().invoke(app, ["plan", str(SAMPLE), "--slo", "ttft_p99=200000", "-j", "1", "--search", "scan",
+                                   "--vary", f"kv_cache.num_gpu_blocks={need - 1},{need + 1},{need + 100}",
+                                   "-o", str(tmp_path / "p")])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert f"1 of 2 runs could not replay the trace and count as missing the SLO (the first, kv_cache.num_gpu_blocks={need - 1}" in text
+    assert f"kv_cache.num_gpu_blocks={need + 1} passes" in text
 
 
 def _burst_trace(path: Path, k: int) -> Path:
