@@ -59,15 +59,17 @@ _SIDE_KEYS = {"line", "row", "field", "reason", "record"}
 def is_our_side_file(path: Path) -> bool:
     """True when every line of ``path`` is a rejection record as ``write_side_file`` writes them, so
     removing it loses nothing of the user's (we remove a stale one after a clean re-ingest)."""
+    lines = 0
     try:
         with open(path, encoding="utf-8") as fh:
             for line in fh:
                 obj = json.loads(line)
                 if not isinstance(obj, dict) or set(obj) != _SIDE_KEYS:
                     return False
+                lines += 1
     except (OSError, UnicodeDecodeError, ValueError):
         return False
-    return True
+    return lines > 0  # ingest writes one only when it rejected a row: an empty file is the user's
 
 
 def remove_stale_side_file(path: Path) -> bool:

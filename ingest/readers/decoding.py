@@ -38,7 +38,7 @@ def refuse_unreadable_compression(path: Path) -> None:
             head = fh.read(8)
     except OSError:
         return  # the reader names an unreadable file itself
-    if head.startswith(b"\x1f\x8b") and path.suffix.lower() != ".gz":
+    if head.startswith(b"\x1f\x8b") and path.suffix != ".gz":  # as open_binary and pyarrow decide
         raise TraceError("a gzip-compressed file without the .gz suffix: rename it to end in .gz, or gunzip it",
                          path=str(path))
     for magic, kind in _OTHER_COMPRESSION:

@@ -8,6 +8,7 @@ record not yet delivered, so every problem is reported with its exact line and f
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from .decoding import field_with_bad_utf8, open_binary
 _U64_MAX = 2**64 - 1
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 _PY_BATCH = 65_536
+# An object closing and another opening on the same line: the sign of two objects on one line.
+_TWO_OBJECTS = re.compile(rb"\}[ \t]*\{")
 _FAST_BLOCK = 8 << 20
 
 
@@ -168,7 +171,7 @@ class JsonlSource:
             for table in self._fast():
                 yield table, record_indices(delivered, table.num_rows), [], None
                 delivered += table.num_rows
-            self._check_one_object_per_line(delivered)
+            self._check_one_object_per_line()
             return
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             pass
@@ -187,35 +190,24 @@ class JsonlSource:
         else:  # pragma: no cover - pyarrow < 19
             yield _utf8_checked(pj.read_json(stream, read_options=read, parse_options=parse).select(self.schema.names))
 
-    def _check_one_object_per_line(self, records: int) -> None:
+    def _check_one_object_per_line(self) -> None:
         """pyarrow reads a line holding two JSON objects as two records, and every line number after
-        it would then be off by one: refuse such a file, naming the line. More records than lines
-        is the sign; the file's newlines are counted in C, a line-by-line search runs only then."""
-        lines = 0
-        last = b"\n"
+        it would then be off by one: refuse such a file, naming the line. An object closing and the
+        next opening on one line (``}{``, ``} {``) is the sign, searched in C; each line is parsed
+        only when it appears (in a string it is not one)."""
+        tail = b""
         with open_binary(self.path) as fh:
             while chunk := fh.read(1 << 24):
-                lines += chunk.count(b"\n")
-                last = chunk[-1:]
-        if last != b"\n":
-            lines += 1
-        if records <= lines:
-            return
-        decoder = json.JSONDecoder()
+                if _TWO_OBJECTS.search(tail + chunk):
+                    break
+                tail = chunk[-64:]
+            else:
+                return
         with open_binary(self.path) as fh:
             for lineno, raw in enumerate(fh, start=1):
-                text = raw.decode("utf-8", "replace").strip()
-                if not text:
-                    continue
-                try:
-                    _, end = decoder.raw_decode(text)
-                except ValueError:
-                    continue
-                if text[end:].strip():
+                if _TWO_OBJECTS.search(raw) and _objects_in(raw) > 1:
                     raise TraceError("the line holds more than one JSON object (JSON Lines has one per line)",
                                      path=str(self.path), line=lineno)
-        raise TraceError(f"{records} records were read from {lines} lines: a line holds more than one JSON object",
-                         path=str(self.path))
 
     def _python(self, skip: int) -> Iterator[tuple[pa.Table, pa.Array, list[Rejection], pa.Array | None]]:
         names = self.schema.names
@@ -261,6 +253,6 @@ class JsonlSource:
                 for lineno, raw in enumerate(fh, start=1):
                     if raw.strip():
                         # pyarrow's fast path reads each object of a line holding several as a record
-                        count = _objects_in(raw) if (b"}{" in raw or b"} {" in raw) else 1
+                        count = _objects_in(raw) if _TWO_OBJECTS.search(raw) else 1
                         self._lines.extend([lineno] * count)
         return {r: (self._lines[r] if 0 <= r < len(self._lines) else None) for r in rows}

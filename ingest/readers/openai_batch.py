@@ -24,13 +24,12 @@ DEFAULT_BLOCK_SIZE = 16
 
 
 class _BatchReader(RecordReader):
-    options_read = frozenset({"block_size"})
-
     def items(self) -> Iterator[Item]:
         return self.each(json_lines(self.path))
 
 
 class OpenAIBatchInputReader(_BatchReader):
+    options_read = frozenset({"block_size"})  # prompts are tokenized into blocks of this size
     name = "openai-batch-input"
 
     def __init__(self, path, opts) -> None:

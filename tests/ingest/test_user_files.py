@@ -122,6 +122,15 @@ def test_a_json_line_holding_two_objects(tmp_path):
                        + json.dumps(_mc(9, out=0)) + "\n" + json.dumps(_mc(12)) + "\n")
     with pytest.raises(ReplayError, match=r"line 3, field 'output_length': zero output tokens"):
         convert(later_bad, tmp_path / "o.parquet")
+    # Blank lines do not hide one (a count of records against lines would), and a file of bare
+    # carriage returns, which pyarrow also splits into records, is read as before.
+    blanks = _write(tmp_path / "blanks.jsonl", "\n\n" + json.dumps(_mc(0)) + "\n" + first + second + "\n"
+                    + json.dumps(_mc(9)) + "\n")
+    with pytest.raises(ReplayError, match="line 4: the line holds more than one JSON object"):
+        convert(blanks, tmp_path / "o.parquet")
+    cr = tmp_path / "cr.jsonl"
+    cr.write_bytes(("\r".join(json.dumps(_mc(t)) for t in (0, 5, 9)) + "\r").encode())
+    assert convert(cr, tmp_path / "cr.parquet", format="mooncake").rows_written == 3
 
 
 def test_a_line_of_spaces_in_a_csv_keeps_every_later_line_number(tmp_path):
