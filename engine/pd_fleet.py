@@ -295,9 +295,9 @@ class PDFleetLoop(FleetLoop):
         """A decode replica's window also stops where a read into it may complete (any transfer's
         next event: a completion elsewhere speeds the rest up) and where a prefill replica computing
         a prompt bound for it may finish a step (the request arrives then). A bound prefill replica
-        with no step in flight that holds finished prompts may be stalled on their blocks: any
-        decode replica starting a read from it, at any instant, can set it going again, so no
-        window is taken past now (its wake time is only its next arrival)."""
+        with no step in flight, requests waiting and finished prompts held may be stalled on their
+        blocks: any decode replica starting a read from it, at any instant, can set it going again,
+        so no window is taken past now (its wake time is only its next arrival)."""
         h = super()._horizon(core)
         d = core.replica - self.num_prefill
         if d < 0:
@@ -310,7 +310,7 @@ class PDFleetLoop(FleetLoop):
             cores = self.cores
             for p in bound:
                 prefill = cores[p]
-                if prefill.pending is None and prefill.sched.held_requests:
+                if prefill.pending is None and prefill.sched.held_requests and prefill.sched.waiting:
                     return core.now if core.now < h else h
                 w = prefill.wake_ms
                 if w < h:
