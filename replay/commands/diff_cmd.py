@@ -42,7 +42,7 @@ def _run_shortcut(trace: Path, config_a: Path | None, config_b: Path | None, set
         except ReplayError as exc:  # say which run failed; diff has no --on-error of its own
             text = str(exc).replace("or pass --on-error skip to mark them rejected",
                                     "or replay each config with `replay run --on-error skip` and diff the two OUTDIRs")
-            raise ReplayError(f"config {side.upper()} ({config or 'defaults'}): {text}") from None
+            raise ReplayError(f"replaying config {side.upper()} ({config or 'defaults'}): {text}") from None
         outdirs.append(Path(result.outdir))
     return outdirs[0], outdirs[1]
 

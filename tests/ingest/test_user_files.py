@@ -187,7 +187,7 @@ def test_diff_names_the_config_that_cannot_replay_and_a_hint_it_accepts(tmp_path
     small = _write(tmp_path / "b.yaml", "max_model_len: 64\n")
     res = invoke("diff", trace, "-b", small, "-o", tmp_path / "d.md", "--no-charts")
     assert res.exit_code == 2
-    assert "config B (" in res.output and "replay run --on-error skip" in res.output
+    assert "replaying config B (" in res.output and "replay run --on-error skip" in res.output
     assert "pass --on-error skip" not in res.output
 
 
