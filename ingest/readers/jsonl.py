@@ -66,9 +66,12 @@ def json_objects(path: Path, skip: int = 0) -> Iterator[tuple[int, int, dict | N
 
 
 def first_record(path: Path) -> dict[str, Any] | None:
-    """The first non-blank line parsed as JSON, or None (used by format detection)."""
+    """The first non-blank line parsed as JSON, or None (used by format detection). Lines may end
+    in a bare carriage return, which pyarrow's reader also takes as a line end (JSON text cannot
+    hold a raw one)."""
     with open_binary(path) as fh:
-        for raw in fh:
+        for line in fh:
+            raw = next((part for part in line.split(b"\r") if part.strip()), b"")
             if raw.strip():
                 raw.decode("utf-8")  # UnicodeDecodeError: the caller names the line (readers.decoding)
                 try:

@@ -130,7 +130,7 @@ def test_a_json_line_holding_two_objects(tmp_path):
         convert(blanks, tmp_path / "o.parquet")
     cr = tmp_path / "cr.jsonl"
     cr.write_bytes(("\r".join(json.dumps(_mc(t)) for t in (0, 5, 9)) + "\r").encode())
-    assert convert(cr, tmp_path / "cr.parquet", format="mooncake").rows_written == 3
+    assert convert(cr, tmp_path / "cr.parquet").rows_written == 3
 
 
 def test_a_line_of_spaces_in_a_csv_keeps_every_later_line_number(tmp_path):
