@@ -101,6 +101,11 @@ class LocalExecutor:
                         continue
                     on_record(job, record)
         except BaseException:
+            # Interrupted: the queued configs must not run. Cancel them here: shutdown's own
+            # cancel_futures runs on the pool's manager thread, which may find the pool already
+            # dropped, and exiting would then wait for every queued config and save none of them.
+            for fut in pending:
+                fut.cancel()
             self.close(cancel=True)
             raise
         if lost:
