@@ -162,3 +162,19 @@ def test_sweep_with_concurrency_levels_is_stated(guidellm_run: Path) -> None:
     v = compute_validation(guidellm_run)
     assert any("the log holds 2 benchmarks; in concurrent@2 the client kept a concurrency limit" in d
                for d in v.differences)
+
+
+def test_guidellm_export_of_one_token_requests_reads_back(tmp_path: Path) -> None:
+    """A one-token request's first token and end are the same instant: the export writes the very
+    same double for both (it wrote the end one ulp before the first token, which ingest refused)."""
+    from tests.sweep_helpers import write_canonical
+
+    rows = [{"request_id": f"r{i}", "arrival_ms": 37 * i + 0.3 * i, "input_tokens": 100 + 7 * i,
+             "output_tokens": 1 if i % 3 == 0 else 5, "hash_ids": [1000 * i + j for j in range(-(-(100 + 7 * i) // 16))]}
+            for i in range(60)]
+    trace = write_canonical(rows, tmp_path / "t.parquet")
+    out = run(trace, None, outdir=tmp_path / "run", progress=False).outdir
+    exported = export(out, "guidellm", tmp_path / "g.json")
+    convert(exported, tmp_path / "g.parquet", drop_failed=True)
+    v = compute_validation(out, measured=exported)
+    assert v.coverage["matched"] == 60
