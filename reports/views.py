@@ -238,6 +238,13 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
     step_names = _check_columns(outdir / OUTPUT_VIEWS["steps"][0], OUTPUT_VIEWS["steps"][1])
     where = " WHERE pool = 'decode'" if "pool" in step_names else ""
     con.execute(f"CREATE OR REPLACE VIEW fleet_steps AS SELECT * FROM steps{where}")
+    # The prefix cache each request's prompt was looked up in: its replica's, or in a disaggregated
+    # fleet its prefill replica's (a prompt prefilled on its decode replica: that one's).
+    request_names = pq.read_schema(outdir / OUTPUT_VIEWS["requests"][0]).names
+    cache = ("CASE WHEN prefill_replica IS NOT NULL THEN 'prefill ' || prefill_replica ELSE 'decode ' || replica END"
+             if "prefill_replica" in request_names else "replica::VARCHAR")
+    con.execute(f"CREATE OR REPLACE VIEW request_caches AS SELECT request_id, {cache} AS cache FROM requests "
+                "WHERE replica IS NOT NULL")
     con.execute("CREATE OR REPLACE VIEW run_window AS " + sql("run_window"))
     # One row per ITL sample, for ad hoc queries: the reports read itl_counts.
     con.execute("CREATE OR REPLACE VIEW itl_gaps AS SELECT c.itl_ms FROM itl_counts AS c, range(c.n)")

@@ -267,6 +267,14 @@ def test_fleet_report_section_and_views(tmp_path):
     ideal = result.metrics.ideal["ideal_hit_ratio"]
     assert 0 < reuse <= routed <= ideal
     assert f["busy_imbalance"] >= 1.0
+    # Disaggregated: a prompt's cache is its prefill replica's, so the routed ideal is measured
+    # there (grouped by decode replica it fell below the hits achieved).
+    pd_cfg = {"fleet": {"mode": "disaggregated", "router": "random", "prefill_router": "kv_aware",
+                        "prefill": {"replicas": 3}, "decode": {"replicas": 3}}}
+    _run(table, meta, pd_cfg, tmp_path / "pd", 400)
+    pd_result = write_report(tmp_path / "pd", tmp_path / "pd" / "report.md")
+    pd_routed = pd_result.metrics.fleet["routed_ideal"]["routed_ideal_hit_ratio"]
+    assert 0 < pd_result.metrics.reuse["gpu_hit_ratio"] <= pd_routed <= pd_result.metrics.ideal["ideal_hit_ratio"]
     # A single-engine run has no fleet section, but its views still have a replica column (0).
     single = write_report(tmp_path / "single", tmp_path / "single" / "report.md")
     assert single.metrics.fleet is None and "## Fleet" not in (tmp_path / "single" / "report.md").read_text()
