@@ -131,6 +131,12 @@ def _paired(a: Run, b: Run, seed: int, resamples: int | None, threads: int) -> t
     return counts, paired, top_req, top_sess
 
 
+def _replayed_rows(info: dict) -> tuple[int, int | None]:
+    """(first replayed trace row, rows replayed) as run.json records them."""
+    t = info.get("trace") or {}
+    return int(t.get("first_replayed_row") or 0), t.get("replayed_rows")
+
+
 def _threads_each(con: duckdb.DuckDBPyConnection) -> int:
     """DuckDB threads for each of the two databases the diff queries at once: half the default."""
     return max(1, int(con.execute("SELECT current_setting('threads')").fetchone()[0]) // 2)
@@ -149,11 +155,14 @@ def diff_runs(dir_a: str | Path, dir_b: str | Path, *, slo: Slo | None = None, n
     b = open_run(dir_b, connect(RUN_MEMORY_MB))
     try:
         check_same_trace(a, b)
+        # The ideal covers the rows a run replayed: the same trace, cut alike (load.max_requests,
+        # load.window), has one ideal; cut otherwise, each run has its own.
+        same_rows = _replayed_rows(a.info) == _replayed_rows(b.info)
         threads = _threads_each(a.con)
         for run in (a, b):
             run.con.execute(f"SET threads = {threads}")
         with ThreadPoolExecutor(max_workers=2) as pool:
-            fb = pool.submit(compute, b, slo, with_ideal=False)
+            fb = pool.submit(compute, b, slo, with_ideal=not same_rows)
             fp = pool.submit(_paired, a, b, seed, resamples, threads)
             ma = compute(a, slo)
             mb = fb.result()
@@ -161,7 +170,8 @@ def diff_runs(dir_a: str | Path, dir_b: str | Path, *, slo: Slo | None = None, n
     finally:
         a.con.close()
         b.con.close()
-    share_ideal(mb, ma)
+    if same_rows:
+        share_ideal(mb, ma)
     return DiffResult(
         names=names, dirs=(Path(dir_a), Path(dir_b)), metrics=(ma, mb), comparisons=compare(ma, mb),
         config_changes=sorted(differing(a.info.get("config") or {}, b.info.get("config") or {}),
@@ -306,8 +316,11 @@ def _reuse_section(d: DiffResult) -> list[str]:
     ):
         rows.append([label, num(va, unit), num(vb, unit), *change(va, vb, unit)])
     out = ["## Reuse and preemptions", "", md_table(["", na, nb, "change", "relative"], rows), ""]
-    if ma.ideal is not None:
+    if ma.ideal is not None and (mb.ideal is None or mb.ideal == ma.ideal):
         out += [f"Ideal with an infinite cache (same trace for both): {num(ma.ideal['ideal_hit_ratio'], 'ratio')}.", ""]
+    elif ma.ideal is not None:
+        out += [f"Ideal with an infinite cache, over the rows each run replayed: {na} "
+                f"{num(ma.ideal['ideal_hit_ratio'], 'ratio')}, {nb} {num(mb.ideal['ideal_hit_ratio'], 'ratio')}.", ""]
     turns_b = {t["turn_key"]: t for t in mb.reuse_by_turn}
     if ma.reuse_by_turn:
         out += ["By session turn (total hit ratio, GPU + CPU):", "",

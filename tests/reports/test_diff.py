@@ -206,3 +206,24 @@ def test_shortcut_reports_missing_api_or_runs(tmp_path):
     assert res.exit_code == 0, res.output
     assert (tmp_path / "s_runs" / "a" / "run.json").is_file()
     assert "`scheduler.max_num_seqs`" in (tmp_path / "s.md").read_text()
+
+
+def test_runs_of_different_slices_of_one_trace_keep_their_own_ideal(tmp_path):
+    """The infinite-cache ideal covers the rows a run replayed: two runs of one trace cut by
+    load.max_requests at 20 and 60 rows do not share A's (B got A's 20-row figure)."""
+    from replay.reports.diff import diff_runs
+    from replay.reports.metrics import compute
+    from replay.reports.views import open_run
+    from tests.cli_helpers import write_sample_run, write_sample_trace
+
+    trace = write_sample_trace(tmp_path / "t.parquet", rows=60)
+    a = write_sample_run(tmp_path / "a", trace, "--set", "load.max_requests=20")
+    b = write_sample_run(tmp_path / "b", trace)
+    d = diff_runs(a, b)
+    for side, out in zip(d.metrics, (a, b)):
+        run = open_run(out)
+        try:
+            assert side.ideal == compute(run).ideal
+        finally:
+            run.con.close()
+    assert d.metrics[0].ideal != d.metrics[1].ideal
