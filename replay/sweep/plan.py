@@ -155,7 +155,9 @@ def _point_gpus(session: SweepSession, point: Point) -> float:
 
 def _groups(session: SweepSession, vary: list[Axis], others: list[Axis], goal: Goal) -> list[Group]:
     last = vary[-1]
-    values = list(last.values) if goal == "min" else list(reversed(last.values))
+    # Bisection walks the candidates in order: ascending, whatever order --vary listed them in.
+    ascending = sorted(last.values, key=lambda v: v.label)
+    values = ascending if goal == "min" else list(reversed(ascending))
     groups = []
     for grid in product(others):
         lines = []

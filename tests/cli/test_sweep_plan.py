@@ -66,6 +66,16 @@ def test_bisection_finds_the_first_passing_value(threshold, workers):
         assert row["deciding_fail_value"] == threshold - 1  # the run just below decided it
 
 
+@pytest.mark.parametrize("order", ["8,4,2,1", "2,1,4,8", "1,2,4,8"])
+@pytest.mark.parametrize("goal", ["min", "max"])
+def test_candidates_listed_in_any_order_are_searched_in_order(order, goal):
+    # min: more replicas pass from 2 on; max: a load factor passes up to 2 (more is worse).
+    passes = (lambda r: r >= 2) if goal == "min" else (lambda r: r <= 2)
+    session = ScriptedSession(lambda x: 50.0 if passes(x["r"]) else 500.0, workers=1)
+    (row,) = _answers(session, vary=f"r={order}", goal=goal, search="bisect")
+    assert row["r"] == 2 and row["monotone"], row
+
+
 def test_infeasible_and_goal_max():
     (row,) = _answers(ScriptedSession(lambda x: 1000.0), search="bisect")
     assert not row["feasible"] and row["r"] is None and row["runs"] == 1
