@@ -27,7 +27,8 @@ from replay.sweep.summary import summarize
 @dataclass(frozen=True)
 class Job:
     key: str                  # the result-store key
-    config: dict[str, Any]    # the validated config, dumped (EngineConfig.model_dump(mode="json"))
+    config: dict[str, Any]    # the validated config's set fields (model_dump(mode="json", exclude_unset=True)):
+    #                           a default written out would read as set (an autoscaled fleet's replicas)
     config_source: str        # for run.json: base config + the point's overrides
     run_dir: str | None       # where the run's outdir goes; None: --summary-only (a temp dir, removed)
     on_error: str = "fail"    # as `replay run --on-error`
@@ -57,7 +58,7 @@ def run_job(job: Job, trace: WorkerTrace) -> dict[str, Any]:
             outdir = Path(job.run_dir)
         replay_trace(trace.table, trace.meta, config, outdir, trace_path=trace.path,
                      config_source=job.config_source, on_error=job.on_error, overwrite=True)
-        record["metrics"] = summarize(outdir, job.config, trace.slo)
+        record["metrics"] = summarize(outdir, config.model_dump(mode="json"), trace.slo)
     except ReplayError as exc:
         # Errors name the trace; it is the sweep's own, and its path would make the table depend on
         # where SWEEPDIR is: say "trace" instead.

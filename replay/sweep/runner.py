@@ -57,8 +57,9 @@ class NoProgress:
 class PointResult:
     point: Point
     key: str | None           # None: the point's config did not validate
-    config: dict | None
+    config: dict | None       # the validated config, dumped whole (what its key hashes)
     record: dict[str, Any]    # {"metrics": {...} | None, "error": str | None, ...}
+    run_config: dict | None = None  # its set fields only: what a worker validates again
 
     @property
     def metrics(self) -> dict[str, Any] | None:
@@ -111,7 +112,9 @@ class SweepSession:
         fingerprint = _fingerprint(table)
         trace_path = _place_trace(Path(trace), table, meta, store.root, fingerprint)
         return cls(sweepdir=store.root, trace_path=trace_path, fingerprint=fingerprint,
-                   base=base_cfg.model_dump(mode="json"),
+                   # Only what the config sets: defaults written out would read as set (an autoscaled
+                   # fleet's replicas: 1 is then a start size outside min..max, refused).
+                   base=base_cfg.model_dump(mode="json", exclude_unset=True),
                    base_source=(str(config) if config else "defaults") + "".join(f" --set {o}" for o in overrides or []),
                    slo=slo, options=options, store=store)
 
@@ -150,7 +153,8 @@ class SweepSession:
         except ConfigError as exc:
             return PointResult(point, None, None, {"metrics": None, "error": str(exc)})
         dumped = cfg.model_dump(mode="json")
-        return PointResult(point, result_key(self.fingerprint, config_hash(dumped)), dumped, {})
+        return PointResult(point, result_key(self.fingerprint, config_hash(dumped)), dumped, {},
+                           run_config=cfg.model_dump(mode="json", exclude_unset=True))
 
     def point_gpus(self, point: Point) -> int | None:
         """The GPUs a point's config uses (None: the config does not validate), known before it runs."""
@@ -180,7 +184,7 @@ class SweepSession:
             else:
                 run_dir = None if self.options.summary_only else str(self.store.run_dir(res.key))
                 source = f"{self.base_source} at {describe(res.point)}"
-                todo[res.key] = Job(res.key, res.config, source, run_dir, self.options.on_error)
+                todo[res.key] = Job(res.key, res.run_config or res.config, source, run_dir, self.options.on_error)
         if todo:
             def on_record(job: Job, record: dict[str, Any]) -> None:
                 self.store.save(job.key, record)

@@ -263,3 +263,18 @@ def test_sql_on_a_sweep_reads_the_sweep_directory_only(swept, tmp_path):
     outside.write_text("a\n1\n")
     res = CliRunner().invoke(app, ["sql", str(swept), f"SELECT * FROM read_csv('{outside}')"])
     assert res.exit_code == 2 and "Traceback" not in res.output
+
+
+def test_an_autoscaled_base_config_sweeps_as_it_runs(tmp_path):
+    """An autoscaled fleet without fleet.replicas starts at min_replicas: the sweep must not write the
+    default replicas: 1 into its configs (it then read as set, outside min..max, and every point failed)."""
+    res = CliRunner().invoke(app, ["sweep", str(SAMPLE), "--set", "load.max_requests=60",
+                                   "--set", "fleet.autoscale.min_replicas=2", "--set", "fleet.autoscale.max_replicas=3",
+                                   "--grid", "scheduler.max_num_seqs=8,16", "-o", str(tmp_path / "sw"), "-j", "1"])
+    assert res.exit_code == 0, res.output
+    table = pq.read_table(tmp_path / "sw" / "sweep.parquet")
+    assert table.column("error").null_count == table.num_rows == 2
+    direct = direct_run(SAMPLE, None, overrides=["load.max_requests=60", "fleet.autoscale.min_replicas=2",
+                                                 "fleet.autoscale.max_replicas=3", "scheduler.max_num_seqs=8"],
+                        outdir=tmp_path / "direct", progress=False)
+    assert json.loads((Path(direct.outdir) / "run.json").read_text())["totals"]["finished"] == 60
