@@ -59,6 +59,7 @@ def run_job(job: Job, trace: WorkerTrace) -> dict[str, Any]:
         replay_trace(trace.table, trace.meta, config, outdir, trace_path=trace.path,
                      config_source=job.config_source, on_error=job.on_error, overwrite=True)
         record["metrics"] = summarize(outdir, config.model_dump(mode="json"), trace.slo)
+        record["slo"] = trace.slo.stamp()
     except ReplayError as exc:
         # Errors name the trace; it is the sweep's own, and its path would make the table depend on
         # where SWEEPDIR is: say "trace" instead.

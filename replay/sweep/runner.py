@@ -32,7 +32,7 @@ from replay.sweep.store import (
     config_hash,
     result_key,
 )
-from replay.sweep.summary import gpus_used
+from replay.sweep.summary import gpus_used, summarize
 from replay.sweep.table import build_table, write_table
 
 
@@ -178,7 +178,8 @@ class SweepSession:
                 progress.advance({}, reused=True)
             elif self.store.is_done(res.key, need_run_dir=not self.options.summary_only,
                                     # a failure stored without --on-error skip may not fail with it
-                                    retry_failed=self.options.retry_failed or self.options.on_error == "skip"):
+                                    retry_failed=self.options.retry_failed or self.options.on_error == "skip") \
+                    and self._summary_under_this_slo(res):
                 self.counts["reused"] += 1
                 progress.advance(self.store.load(res.key) or {}, reused=True)
             else:
@@ -201,6 +202,25 @@ class SweepSession:
             if res.key is not None:
                 res.record = self.store.load(res.key) or {"metrics": None, "error": "result missing"}
         return results
+
+    def _summary_under_this_slo(self, res: PointResult) -> bool:
+        """A stored summary made under another --slo has its SLO columns made again: slo_met from the
+        summary itself, goodput from the run's outdir when its thresholds changed. False when that
+        cannot be done (--summary-only kept no outdir): the config runs again."""
+        record = self.store.load(res.key) or {}
+        metrics = record.get("metrics")
+        stamp = self.slo.stamp()
+        if metrics is None or record.get("slo") == stamp:
+            return True
+        if (record.get("slo") or {}).get("goodput", "unknown") != stamp["goodput"]:
+            run_dir = self.store.run_dir(res.key)
+            if not (run_dir / "run.json").is_file():
+                return False
+            metrics = summarize(run_dir, res.config or {}, self.slo)
+        else:
+            metrics["slo_met"] = self.slo.met(metrics)
+        self.store.save(res.key, {**record, "metrics": metrics, "slo": stamp})
+        return True
 
     def table_rows(self, results: list[PointResult]) -> list[dict[str, Any]]:
         rows = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from replay.base.errors import ReplayError
 from replay.reports.metrics import LATENCIES, SUMMARY_PERCENTILES
@@ -38,6 +39,12 @@ class SweepSlo:
             per_request = ", ".join(f"{k}<={v:g}" for k, v in self.goodput.as_dict().items())
             parts = (parts + " " if parts else "") + f"(goodput: {per_request} per request)"
         return parts
+
+    def stamp(self) -> dict[str, Any]:
+        """What a stored summary depends on of this SLO: the constraints (slo_met, recomputable from
+        the summary) and the per-request goodput thresholds (goodput: needs the run's requests)."""
+        return {"constraints": dict(sorted(self.constraints.items())),
+                "goodput": self.goodput.as_dict() if self.goodput is not None else None}
 
     def met(self, row: dict) -> bool | None:
         """True/False from a summary row; None when there are no constraints."""

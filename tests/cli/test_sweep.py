@@ -278,3 +278,19 @@ def test_an_autoscaled_base_config_sweeps_as_it_runs(tmp_path):
                                                  "fleet.autoscale.max_replicas=3", "scheduler.max_num_seqs=8"],
                         outdir=tmp_path / "direct", progress=False)
     assert json.loads((Path(direct.outdir) / "run.json").read_text())["totals"]["finished"] == 60
+
+
+def test_a_rerun_under_another_slo_recomputes_the_slo_columns(tmp_path):
+    """Stored summaries carry the SLO they were made under: a rerun of the same grid under another
+    --slo recomputes slo_met and goodput (from the kept outdirs, without replaying), as a fresh sweep
+    under that SLO gives them."""
+    args = ["sweep", str(SAMPLE), "--set", "load.max_requests=120", "--grid", "scheduler.max_num_seqs=8,32", "-j", "1", "-q"]
+    cols = ["scheduler.max_num_seqs", "slo_met", "goodput", "good_fraction"]
+    for first, second in (("ttft_p99=100000", "ttft_p99=120,ttft=60"), ("ttft_p99=120,ttft=60", "ttft_p99=100000")):
+        sw = tmp_path / f"sw-{len(first)}"
+        assert CliRunner().invoke(app, [*args, "-o", str(sw), "--slo", first]).exit_code == 0
+        res = CliRunner().invoke(app, [*args, "-o", str(sw), "--slo", second])
+        assert res.exit_code == 0, res.output
+        fresh = tmp_path / f"fresh-{len(first)}"
+        assert CliRunner().invoke(app, [*args, "-o", str(fresh), "--slo", second]).exit_code == 0
+        assert pq.read_table(sw / "sweep.parquet", columns=cols) == pq.read_table(fresh / "sweep.parquet", columns=cols)
