@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
@@ -54,13 +55,14 @@ class TimingProfile(_Strict):
         return RooflineParams(**self.params.model_dump())
 
 
-def save_profile(profile: TimingProfile, path: str | Path) -> None:
+def save_profile(profile: TimingProfile, path: str | Path, inputs: Iterable[str | Path] = ()) -> None:
+    """Write ``profile`` atomically; never onto one of ``inputs`` (the measured steps it was fitted on)."""
     header = ("# Calibrated step-time profile written by `replay calibrate`; use it with\n"
               "# timing: {profile: <this file>} in an engine config.\n")
     data = profile.model_dump()
     if not data["params"]["mixed_layer_us"]:
         del data["params"]["mixed_layer_us"]  # profiles without the term stay as they were
-    write_text_atomic(path, header + yaml.safe_dump(data, sort_keys=False))
+    write_text_atomic(path, header + yaml.safe_dump(data, sort_keys=False), inputs=inputs)
 
 
 def load_profile(path: str | Path) -> TimingProfile:

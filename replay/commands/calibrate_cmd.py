@@ -62,7 +62,7 @@ def calibrate(
             fit=FitStats(steps_csv=str(steps_csv), num_steps=result.n, mape=result.mape, max_ape=result.max_ape,
                          mape_before=result.start_mape, host_overhead_fixed=host_overhead_ms is not None),
         )
-        save_profile(profile, output)
+        save_profile(profile, output, inputs=[steps_csv])
         if as_json:
             typer.echo(json.dumps({"output": str(output), "params": params, "num_steps": result.n,
                                    "mape": result.mape, "max_ape": result.max_ape,

@@ -106,6 +106,13 @@ def test_cli_writes_a_profile_the_engine_uses(tmp_path):
     assert table.exit_code == 0 and "MAPE" in table.output
 
 
+def test_calibrate_never_writes_onto_the_measured_steps(tmp_path):
+    csv = write_csv(tmp_path / "steps.csv")
+    before = csv.read_bytes()
+    res = CliRunner().invoke(app, ["calibrate", str(csv), "--model", "meta-llama/Llama-3.1-8B", "-o", str(csv)])
+    assert res.exit_code == 2 and csv.read_bytes() == before, res.output
+
+
 def test_profile_for_other_hardware_is_rejected(tmp_path):
     csv = write_csv(tmp_path / "steps.csv")
     out = tmp_path / "p.yaml"
