@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from replay.base.errors import ReplayError
@@ -42,9 +43,9 @@ def register(app: typer.Typer) -> None:
                 run.con.close()
         table = Table(show_lines=False)
         for col in frame.columns:
-            table.add_column(str(col), justify="right" if frame[col].dtype.kind in "iuf" else "left")
+            table.add_column(escape(str(col)), justify="right" if frame[col].dtype.kind in "iuf" else "left")
         for row in frame.head(max_rows).itertuples(index=False):
-            table.add_row(*("NULL" if _isnull(v) else f"{v:.6g}" if isinstance(v, float) else str(v) for v in row))
+            table.add_row(*("NULL" if _isnull(v) else f"{v:.6g}" if isinstance(v, float) else escape(str(v)) for v in row))
         console.print(table)
         if total > max_rows:
             console.print(f"[dim]{total - max_rows:,} more rows (use --max-rows, --csv or --json)[/]")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from replay.base.errors import ReplayError
@@ -67,7 +68,7 @@ def _print_summary(results, session, table_path: Path) -> None:
     console.print(f"{len(results)} configs: {c['ran']} run now, {c['reused']} reused from {session.sweepdir}, "
                   f"{len(failed)} failed -> [bold]{table_path}[/]")
     for r in failed[:5]:
-        console.print(f"[yellow]failed[/] {_label(r)}: {_short(r.error)}", highlight=False)
+        console.print(f"[yellow]failed[/] {escape(_label(r))}: {escape(_short(r.error))}", highlight=False)
     if len(failed) > 5:
         console.print(f"[yellow]{len(failed) - 5} more failed[/] (the error column of sweep.parquet has them all)")
     ok = [r for r in results if r.metrics]
@@ -78,7 +79,7 @@ def _print_summary(results, session, table_path: Path) -> None:
         table.add_column(col, justify="left" if col == "config" else "right")
     for r in ok[:10]:
         m = r.metrics
-        table.add_row(_label(r), *(f"{m[k]:,.4g}" if isinstance(m.get(k), float) else str(m.get(k))
+        table.add_row(escape(_label(r)), *(f"{m[k]:,.4g}" if isinstance(m.get(k), float) else str(m.get(k))
                                    for k in (rank, "ttft_p99", "tpot_p99", "gpus", "slo_met")))
     console.print(table)
 

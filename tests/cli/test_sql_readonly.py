@@ -62,3 +62,13 @@ def test_the_lockdown_cannot_be_undone_inside_a_select(run_dir):
     res = invoke("sql", run_dir, "SELECT current_setting('enable_external_access') AS e, "
                                  "current_setting('lock_configuration') AS l", "--csv")
     assert res.exit_code == 0 and res.output.splitlines()[1] == "False,True"
+
+
+def test_text_in_square_brackets_is_printed_as_text(tmp_path):
+    """Rich reads [red]...[/red] as markup: a value (or column name) holding brackets is escaped."""
+    from tests.cli_helpers import invoke, write_sample_run, write_sample_trace
+
+    run = write_sample_run(tmp_path / "run", write_sample_trace(tmp_path / "t.parquet", rows=10))
+    res = invoke("sql", run, "SELECT '[red]x[/red] [a1, ..., ak]' AS \"[b]col\"")
+    assert res.exit_code == 0, res.output
+    assert "[red]x[/red] [a1, ..., ak]" in res.output and "[b]col" in res.output
