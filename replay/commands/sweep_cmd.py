@@ -45,6 +45,7 @@ def sweep(
         options = SweepOptions(ray=ray, workers=workers, summary_only=summary_only, retry_failed=retry_failed,
                                on_error=on_error)
         session = SweepSession.open(trace, config, outdir, parse_sweep_slo(slo), options, overrides=set_)
+        session.refuse_all_invalid(points)  # before sweep.json is rewritten: a refused sweep changes nothing
         session.write_definition({"command": "sweep", "grid": grid})
         try:
             if quiet:

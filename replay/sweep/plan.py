@@ -164,7 +164,10 @@ def _groups(session: SweepSession, vary: list[Axis], others: list[Axis], goal: G
         for lead in product(vary[:-1]):
             others_point = (*grid, *lead)
             gpus = [_point_gpus(session, (*others_point, (last.key, v))) for v in values]
-            lines.append(Line(others=others_point, values=values, gpus=gpus))
+            # A candidate whose config does not validate (fleet.replicas=3 with fleet.clusters=2) is
+            # not on the curve: bisecting over it would read it as a failing run.
+            valid = [i for i, g in enumerate(gpus) if g != math.inf] or list(range(len(values)))
+            lines.append(Line(others=others_point, values=[values[i] for i in valid], gpus=[gpus[i] for i in valid]))
         groups.append(Group(grid=grid, lines=lines))
     return groups
 
@@ -180,7 +183,7 @@ def _bisect(session: SweepSession, key: str, lines: list[Line], with_cheapest: b
         batch = [(line, i) for line in active for i in _probes(line, k, with_cheapest) if i not in line.results]
         if not batch:  # nothing new to learn (cannot happen with a consistent state): stop rather than loop
             return
-        got = session.run_points([line.point(key, i) for line, i in batch], progress)
+        got = session.run_points([line.point(key, i) for line, i in batch], progress, all_invalid_is_an_error=False)
         for (line, i), res in zip(batch, got):
             line.results[i] = res
         for line in active:
@@ -210,7 +213,8 @@ def _scan(session: SweepSession, key: str, groups: list[Group], progress: Progre
             batch += [(g, li, i) for li, i in untried[:k]]
         if not batch:
             return
-        got = session.run_points([g.lines[li].point(key, i) for g, li, i in batch], progress)
+        got = session.run_points([g.lines[li].point(key, i) for g, li, i in batch], progress,
+                                 all_invalid_is_an_error=False)
         for (g, li, i), res in zip(batch, got):
             g.lines[li].results[i] = res
 

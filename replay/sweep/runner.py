@@ -156,18 +156,23 @@ class SweepSession:
         return PointResult(point, result_key(self.fingerprint, config_hash(dumped)), dumped, {},
                            run_config=cfg.model_dump(mode="json", exclude_unset=True))
 
+    def refuse_all_invalid(self, points: list[Point]) -> None:
+        """Exit 2, before anything is written, when no point of the grid is a valid config."""
+        _refuse_all_invalid([self.resolve(p) for p in points])
+
     def point_gpus(self, point: Point) -> int | None:
         """The GPUs a point's config uses (None: the config does not validate), known before it runs."""
         res = self.resolve(point)
         return None if res.config is None else gpus_used(res.config)
 
-    def run_points(self, points: list[Point], progress: Progress | None = None) -> list[PointResult]:
-        """Results for ``points`` (in order): stored ones reused, missing ones run on the executor."""
+    def run_points(self, points: list[Point], progress: Progress | None = None, *,
+                   all_invalid_is_an_error: bool = True) -> list[PointResult]:
+        """Results for ``points`` (in order): stored ones reused, missing ones run on the executor. A
+        plan's round may probe only invalid candidates (``all_invalid_is_an_error`` False): they fail."""
         progress = progress or NoProgress()
         results = [self.resolve(p) for p in points]
-        if results and all(res.key is None for res in results):  # nothing would run: say why, exit 2
-            raise ConfigError(f"no combination of the grid is a valid config ({len(results)} tried); the first: "
-                              f"{results[0].error}")
+        if all_invalid_is_an_error:
+            _refuse_all_invalid(results)
         progress.add_total(len(results))
         todo: dict[str, Job] = {}
         for res in results:
@@ -260,3 +265,9 @@ def _place_trace(trace: Path, table, meta, root: Path, fingerprint: str) -> str:
     if file_fingerprint(target) != fingerprint:  # the workers must replay exactly what was given
         raise ReplayError(f"{target}: the stored trace does not read back identical to {trace}")
     return str(target.resolve())
+
+
+def _refuse_all_invalid(results: list[PointResult]) -> None:
+    if results and all(res.key is None for res in results):  # nothing would run: say why, exit 2
+        raise ConfigError(f"no combination of the grid is a valid config ({len(results)} tried); the first: "
+                          f"{results[0].error}")

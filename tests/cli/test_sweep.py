@@ -294,3 +294,13 @@ def test_a_rerun_under_another_slo_recomputes_the_slo_columns(tmp_path):
         fresh = tmp_path / f"fresh-{len(first)}"
         assert CliRunner().invoke(app, [*args, "-o", str(fresh), "--slo", second]).exit_code == 0
         assert pq.read_table(sw / "sweep.parquet", columns=cols) == pq.read_table(fresh / "sweep.parquet", columns=cols)
+
+
+def test_a_refused_sweep_leaves_the_sweep_directory_as_it_was(tmp_path):
+    sw = tmp_path / "sw"
+    base = ["sweep", str(SAMPLE), "--set", "load.max_requests=40", "-o", str(sw), "-j", "1", "-q"]
+    assert CliRunner().invoke(app, [*base, "--grid", "scheduler.max_num_seqs=8"]).exit_code == 0
+    before = (sw / "sweep.json").read_bytes()
+    res = CliRunner().invoke(app, [*base, "--grid", "fleet.replicas=0"])
+    assert res.exit_code == 2 and "no combination of the grid is a valid config" in res.output
+    assert (sw / "sweep.json").read_bytes() == before

@@ -38,7 +38,7 @@ class ScriptedSession:
     def where(self, res: PointResult) -> str:
         return f"runs/{res.key}"
 
-    def run_points(self, points, progress=None):
+    def run_points(self, points, progress=None, *, all_invalid_is_an_error=True):
         out = []
         for p in points:
             labels = {k: v.label for k, v in p}
@@ -197,6 +197,16 @@ def test_runs_that_fail_are_named_and_stop_the_plan_when_all_fail(tmp_path):
     text = " ".join(res.output.split())
     assert f"1 of 2 runs could not replay the trace and count as missing the SLO (the first, kv_cache.num_gpu_blocks={need - 1}" in text
     assert f"kv_cache.num_gpu_blocks={need + 1} passes" in text
+
+
+def test_invalid_candidates_are_not_on_the_curve(tmp_path):
+    """With fleet.clusters=2 only even replica counts are valid configs: the odd ones are left out of
+    the search (read as failing runs they stopped the plan, or steered bisection to 8)."""
+    args = ["plan", str(SAMPLE), "--set", "load.max_requests=120", "--set", "fleet.clusters=2", "--set",
+            "fleet.replicas=2", "--slo", "ttft_p99=100000", "--vary", "fleet.replicas=1..8", "-q"]
+    for workers in ("1", "2"):
+        res = CliRunner().invoke(app, [*args, "-j", workers])
+        assert res.exit_code == 0 and res.output.strip() == "2 (2 GPUs)", res.output
 
 
 def _burst_trace(path: Path, k: int) -> Path:
