@@ -153,7 +153,10 @@ class SweepSession:
         except ConfigError as exc:
             return PointResult(point, None, None, {"metrics": None, "error": str(exc)})
         dumped = cfg.model_dump(mode="json")
-        return PointResult(point, result_key(self.fingerprint, config_hash(dumped)), dumped, {},
+        digest = config_hash(dumped)
+        if self.options.on_error == "skip":  # another result (requests rejected, not a failure): its own key
+            digest = config_hash({"config": dumped, "on_error": "skip"})
+        return PointResult(point, result_key(self.fingerprint, digest), dumped, {},
                            run_config=cfg.model_dump(mode="json", exclude_unset=True))
 
     def refuse_all_invalid(self, points: list[Point]) -> None:

@@ -304,3 +304,15 @@ def test_a_refused_sweep_leaves_the_sweep_directory_as_it_was(tmp_path):
     res = CliRunner().invoke(app, [*base, "--grid", "fleet.replicas=0"])
     assert res.exit_code == 2 and "no combination of the grid is a valid config" in res.output
     assert (sw / "sweep.json").read_bytes() == before
+
+
+def test_on_error_skip_results_are_not_reused_without_it(tmp_path):
+    sw = tmp_path / "sw"
+    base = ["sweep", str(SAMPLE), "--set", "load.max_requests=100", "--set", "max_model_len=4096",
+            "--grid", "scheduler.max_num_seqs=8", "-o", str(sw), "-j", "1", "-q"]
+    assert CliRunner().invoke(app, [*base, "--on-error", "skip"]).exit_code == 0
+    skipped = pq.read_table(sw / "sweep.parquet")
+    assert skipped["error"].null_count == 1 and skipped["rejected"].to_pylist()[0] > 0
+    assert CliRunner().invoke(app, base).exit_code == 0
+    failed = pq.read_table(sw / "sweep.parquet")
+    assert failed["error"].null_count == 0 and "can never be replayed" in failed["error"].to_pylist()[0]
