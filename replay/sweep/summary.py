@@ -31,15 +31,24 @@ def gpus_used(config: dict[str, Any]) -> int:
     """GPUs of a dumped config, so it holds before and after the fleet exists: replicas (``fleet.replicas``,
     1 without a fleet section) x tensor_parallel_size; a fleet of pools (e.g. ``fleet.prefill`` and
     ``fleet.decode``, each a mapping with its own ``replicas``) counts every pool's replicas, each at
-    its own ``tensor_parallel_size`` when it sets one."""
+    its own ``tensor_parallel_size`` when it sets one. An autoscaled fleet or pool counts its
+    ``max_replicas``: the GPUs it must be able to hold (its start size undercounted it, so per-GPU
+    figures ranked autoscaled configs first)."""
     tp = int(config.get("tensor_parallel_size") or 1)
     fleet = config.get("fleet") or {}
     if not isinstance(fleet, dict):
         return tp
     pools = [p for p in fleet.values() if isinstance(p, dict) and "replicas" in p]
     if pools:
-        return sum(int(p.get("replicas") or 0) * int(p.get("tensor_parallel_size") or tp) for p in pools)
-    return int(fleet.get("replicas", 1) or 1) * tp
+        return sum(_replicas(p, 0) * int(p.get("tensor_parallel_size") or tp) for p in pools)
+    return _replicas(fleet, 1) * tp
+
+
+def _replicas(section: dict[str, Any], default: int) -> int:
+    auto = section.get("autoscale")
+    if isinstance(auto, dict) and auto.get("max_replicas"):
+        return int(auto["max_replicas"])
+    return int(section.get("replicas", default) or default)
 
 
 def summarize(outdir: str | Path, config: dict[str, Any], slo: SweepSlo) -> dict[str, Any]:

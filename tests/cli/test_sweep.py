@@ -316,3 +316,13 @@ def test_on_error_skip_results_are_not_reused_without_it(tmp_path):
     assert CliRunner().invoke(app, base).exit_code == 0
     failed = pq.read_table(sw / "sweep.parquet")
     assert failed["error"].null_count == 0 and "can never be replayed" in failed["error"].to_pylist()[0]
+
+
+def test_an_autoscaled_config_counts_the_gpus_it_may_hold():
+    from replay.sweep.summary import gpus_used
+
+    assert gpus_used({"fleet": {"replicas": 1, "autoscale": {"min_replicas": 1, "max_replicas": 4}}}) == 4
+    assert gpus_used({"tensor_parallel_size": 2, "fleet": {"replicas": 3, "autoscale": None}}) == 6
+    pools = {"mode": "disaggregated", "prefill": {"replicas": 1, "autoscale": {"max_replicas": 3}},
+             "decode": {"replicas": 2, "tensor_parallel_size": 2}}
+    assert gpus_used({"fleet": pools}) == 3 + 4
