@@ -204,8 +204,13 @@ class GuideLLMReader(RecordReader):
             raise Bad("end_time", "the request ended before its first token")
         row["measured_e2e_ms"] = e2e
         row["measured_tpot_ms"] = tpot_ms(e2e, ttft, n_out)
-        if last_tok is not None and n_out > 1:
-            row["measured_itl_mean_ms"] = (last_tok - first_tok) * 1000.0 / (n_out - 1)
+        # The gap between streamed chunks, as the replay predicts ITL: with speculative decoding an
+        # iteration streams several tokens (token_iterations < output tokens).
+        chunks = number(dig(req, "info.timings.token_iterations"), "info.timings.token_iterations", integer=True)
+        if not chunks or chunks < 1:
+            chunks = n_out
+        if last_tok is not None and chunks > 1:
+            row["measured_itl_mean_ms"] = (last_tok - first_tok) * 1000.0 / (chunks - 1)
         return row
 
     def items(self) -> Iterator[Item]:
