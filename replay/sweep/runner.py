@@ -252,6 +252,7 @@ def _place_trace(trace: Path, table, meta, root: Path, fingerprint: str) -> str:
     from replay.ingest.schema import is_canonical_trace
 
     if is_canonical_trace(trace):
+        _refuse_another_trace(root, fingerprint, trace)
         return str(trace.resolve())
     target = root / TRACE_FILE
     if target.is_file():
@@ -274,3 +275,18 @@ def _refuse_all_invalid(results: list[PointResult]) -> None:
     if results and all(res.key is None for res in results):  # nothing would run: say why, exit 2
         raise ConfigError(f"no combination of the grid is a valid config ({len(results)} tried); the first: "
                           f"{results[0].error}")
+
+
+def _refuse_another_trace(root: Path, fingerprint: str, trace: Path) -> None:
+    """A canonical trace is read where it is, so SWEEPDIR holds no copy to compare: its sweep.json
+    names the trace an earlier sweep there replayed (by content), and another one is refused."""
+    import json
+
+    try:
+        earlier = ((json.loads((root / SWEEP_FILE).read_text(encoding="utf-8")) or {}).get("trace") or {})
+    except (OSError, ValueError, AttributeError):
+        return  # no sweep here yet (or sweep.json unreadable: the report names that)
+    recorded = earlier.get("fingerprint") if isinstance(earlier, dict) else None
+    if recorded and recorded != fingerprint:
+        raise ReplayError(f"{root}: holds a sweep of another trace ({earlier.get('path')}, not {trace}); "
+                          "choose a new -o")

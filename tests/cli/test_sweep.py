@@ -326,3 +326,20 @@ def test_an_autoscaled_config_counts_the_gpus_it_may_hold():
     pools = {"mode": "disaggregated", "prefill": {"replicas": 1, "autoscale": {"max_replicas": 3}},
              "decode": {"replicas": 2, "tensor_parallel_size": 2}}
     assert gpus_used({"fleet": pools}) == 3 + 4
+
+
+def test_a_sweep_directory_refuses_another_canonical_trace(tmp_path):
+    """A canonical trace is read in place (no copy in SWEEPDIR): sweep.json's fingerprint is what
+    tells another trace apart."""
+    from tests.sweep_helpers import write_canonical
+
+    rows = [{"request_id": f"r{i}", "arrival_ms": 10 * i, "input_tokens": 32, "output_tokens": 4,
+             "hash_ids": [i, i + 1]} for i in range(20)]
+    a = write_canonical(rows, tmp_path / "a.parquet")
+    b = write_canonical(rows[:10], tmp_path / "b.parquet")
+    sw = tmp_path / "sw"
+    base = ["--grid", "scheduler.max_num_seqs=8", "-o", str(sw), "-j", "1", "-q"]
+    assert CliRunner().invoke(app, ["sweep", str(a), *base]).exit_code == 0
+    res = CliRunner().invoke(app, ["sweep", str(b), *base])
+    assert res.exit_code == 2 and "holds a sweep of another trace" in res.output
+    assert CliRunner().invoke(app, ["sweep", str(a), *base]).exit_code == 0
