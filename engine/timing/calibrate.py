@@ -60,6 +60,26 @@ def _int_list(text: str, path: str, row: int, column: str) -> list[int]:
     return out
 
 
+def _data_lines(path: str | Path) -> list[int]:
+    """The file line each data row starts on (pandas skips blank lines; a quoted field may span
+    lines), so errors name the line a user sees in an editor."""
+    import csv
+
+    out: list[int] = []
+    with open(path, encoding="utf-8", newline="") as fh:
+        reader = csv.reader(fh)
+        start, header = 1, True
+        for fields in reader:
+            line, start = start, reader.line_num + 1
+            if not fields or not any(f.strip() for f in fields):
+                continue
+            if header:
+                header = False
+                continue
+            out.append(line)
+    return out
+
+
 def read_steps_csv(path: str | Path) -> list[StepSample]:
     """Read measured steps. Columns: prefill_tokens ('2048;512', new tokens per prefilling request),
     prefill_cached (same length, tokens already in KV; optional), decode_ctx ('64x2048' or
@@ -77,7 +97,9 @@ def read_steps_csv(path: str | Path) -> list[StepSample]:
     if unknown:
         raise TraceError(f"unknown columns {unknown}; known: {list(STEP_COLUMNS)}", path=p)
     samples: list[StepSample] = []
-    for i, rec in enumerate(df.to_dict("records"), start=1):
+    lines = _data_lines(path)
+    for row, rec in enumerate(df.to_dict("records")):
+        i = lines[row] if row < len(lines) else row + 2  # the file line, as ingest names lines
         new = _int_list(rec.get("prefill_tokens", ""), p, i, "prefill_tokens")
         cached = _int_list(rec.get("prefill_cached", ""), p, i, "prefill_cached") or [0] * len(new)
         if len(cached) != len(new):

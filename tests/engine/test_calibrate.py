@@ -106,6 +106,13 @@ def test_cli_writes_a_profile_the_engine_uses(tmp_path):
     assert table.exit_code == 0 and "MAPE" in table.output
 
 
+def test_steps_csv_errors_name_the_file_line(tmp_path):
+    path = tmp_path / "steps.csv"
+    path.write_text("prefill_tokens,decode_ctx,measured_ms\n512,,10\n\n1024,,12\n256,,abc\n")
+    with pytest.raises(TraceError, match=r"line 5, field 'measured_ms': not a number"):
+        read_steps_csv(path)
+
+
 def test_calibrate_never_writes_onto_the_measured_steps(tmp_path):
     csv = write_csv(tmp_path / "steps.csv")
     before = csv.read_bytes()
