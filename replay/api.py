@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from replay.base.errors import ConfigError
 from replay.base.files import require_regular_file
 from replay.engine.config import EngineConfig, load_config, validate_config
 from replay.engine.fleet import ProgressFn
@@ -86,10 +87,19 @@ class RunResult:
 
 
 def run(trace: str | Path, config: EngineConfig | str | Path | dict | None = None, *,
-        overrides: list[str] | None = None, outdir: str | Path | None = None, progress: bool | ProgressFn = False,
+        overrides: list[str] | str | None = None, outdir: str | Path | None = None, progress: bool | ProgressFn = False,
         overwrite: bool = True, on_error: str = "fail", check_invariants: bool = False,
         ingest_options: dict[str, Any] | None = None) -> RunResult:
-    """Replay ``trace`` with ``config`` (YAML path, dict, EngineConfig or None for vLLM defaults)."""
+    """Replay ``trace`` with ``config`` (YAML path, dict, EngineConfig or None for vLLM defaults).
+
+    ``overrides``: ``--set`` strings (one string or a list); ``outdir`` None: a new temporary folder,
+    which the caller removes (RunResult.outdir names it); ``progress``: a callable taking the
+    progress of the replay (True is taken as no progress: a notebook has no terminal bar);
+    ``on_error``: ``fail`` or ``skip``, as ``replay run --on-error``."""
+    if on_error not in ("fail", "skip"):
+        raise ConfigError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
+    if isinstance(overrides, str):  # one --set string, not its characters
+        overrides = [overrides]
     cfg, source = resolve_config(config, overrides)
     setup = resolve_setup(cfg)
     prepared = prepare_any_trace(trace, cfg, setup, on_error=on_error, **(ingest_options or {}))

@@ -94,3 +94,15 @@ def test_cli_keeps_openblas_to_one_thread_unless_told(preset, expected):
     code = "import sys, os, replay.cli; print('numpy' in sys.modules, os.environ['OPENBLAS_NUM_THREADS'])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", expected]
+
+
+def test_api_run_checks_its_arguments(tmp_path):
+    from replay.api import run
+    from replay.base.errors import ConfigError
+    from tests.cli_helpers import write_sample_trace
+
+    trace = write_sample_trace(tmp_path / "t.parquet", rows=10)
+    with pytest.raises(ConfigError, match="on_error must be 'fail' or 'skip'"):
+        run(trace, None, on_error="bogus", outdir=tmp_path / "x")
+    result = run(trace, None, overrides="scheduler.max_num_seqs=4", outdir=tmp_path / "one")
+    assert result.info["config"]["scheduler"]["max_num_seqs"] == 4
