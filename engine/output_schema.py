@@ -20,16 +20,15 @@ STEPS_FILE = "steps.parquet"
 RUN_FILE = "run.json"
 
 
-
 def parquet_write_options(schema: pa.Schema) -> dict:
     """Writer settings of every replay output, fixed so that identical runs give identical bytes.
 
-    zstd at level 1: as fast to write as snappy here and 20-27% smaller files. Times, durations and
+    zstd at level 1: as fast to write as snappy here and 20-44% smaller files. Times, durations and
     usages (float columns) almost never repeat, so a dictionary page would be tried, overflow and
     fall back on every row group; they are written BYTE_STREAM_SPLIT (the bytes of each position
     side by side), which zstd compresses where plain doubles barely compress. Integers keep their
     dictionaries. Measured on a 200,000-request, 8-replica replay (bench/README.md, "Output
-    encoding"): steps 29.4 -> 23.2 bytes a row, requests 67.4 -> 49.5, chunk runs 10.4 -> 8.4."""
+    encoding"): steps 29.4 -> 23.2 bytes a row, requests 73.8 -> 48.5, chunks 10.5 -> 8.5 a request."""
     floats = [f.name for f in schema if pa.types.is_floating(f.type)]
     return dict(compression="zstd", compression_level=1, write_statistics=True,
                 use_dictionary=[f.name for f in schema if f.name not in floats],

@@ -28,6 +28,7 @@ from replay.engine.output_schema import (
     STATUS_FINISHED,
     STATUS_REJECTED,
     STATUS_UNFINISHED,
+    STEPS_FILE,
     STEPS_SCHEMA,
     parquet_write_options,
 )
@@ -104,7 +105,7 @@ class Recorder:
         self._step_cutter = ColumnCutter(_STEP_ROWS_BUFFERED)
         self._request_ids = string_array(trace.request_id)
         self._chunk_writer = pq.ParquetWriter(outdir / CHUNKS_FILE, CHUNKS_SCHEMA, **parquet_write_options(CHUNKS_SCHEMA))
-        self._step_writer = pq.ParquetWriter(outdir / "steps.parquet", self._steps_schema,
+        self._step_writer = pq.ParquetWriter(outdir / STEPS_FILE, self._steps_schema,
                                              **parquet_write_options(self._steps_schema))
         self._writes = BackgroundWriter()  # row groups are encoded and written on a second thread
         self.num_chunks = 0

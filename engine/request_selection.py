@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replay.base.errors import TraceError
+from replay.base.errors import ConfigError, TraceError
 from replay.engine.config import EngineConfig
 from replay.engine.load_window import parse_window
 from replay.engine.pd_run import is_disaggregated, prefill_pool_rejects
@@ -56,11 +56,21 @@ class ReplayedRequests:
     rejected: dict[int, str]  # trace row -> why
 
 
+ON_ERROR_CHOICES = ("fail", "skip")
+
+
+def check_on_error(on_error: str) -> None:
+    """Every path to a replay (run, the API, sweep and plan workers, diff) takes on_error here."""
+    if on_error not in ON_ERROR_CHOICES:
+        raise ConfigError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
+
+
 def select_requests(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, *, on_error: str,
                     trace_path: str | Path | None) -> ReplayedRequests:
     """The rows to replay; unless ``on_error == "skip"``, a request that can never complete is an
     error naming the first few (a replay would otherwise report it unfinished, hiding the cause).
     A disaggregated fleet checks its decode pool (``setup``) and its prefill pool."""
+    check_on_error(on_error)
     where = str(trace_path) if trace_path else None
     n = len(trace)
     if n == 0:

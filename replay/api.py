@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from replay.base.errors import ConfigError
 from replay.base.files import require_regular_file
 from replay.engine.config import EngineConfig, load_config, validate_config
 from replay.engine.fleet import ProgressFn
@@ -96,8 +95,6 @@ def run(trace: str | Path, config: EngineConfig | str | Path | dict | None = Non
     which the caller removes (RunResult.outdir names it); ``progress``: a callable taking the
     progress of the replay (True is taken as no progress: a notebook has no terminal bar);
     ``on_error``: ``fail`` or ``skip``, as ``replay run --on-error``."""
-    if on_error not in ("fail", "skip"):
-        raise ConfigError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
     if isinstance(overrides, str):  # one --set string, not its characters
         overrides = [overrides]
     cfg, source = resolve_config(config, overrides)

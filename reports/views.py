@@ -172,6 +172,7 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
     info = read_run_json(outdir)
     con = con if con is not None else connect()
     chunk_rows = _chunk_rows(outdir / CHUNKS_FILE)
+    file_columns: dict[str, list[str]] = {}  # each output view's file columns, read once
     for name, (filename, schema) in OUTPUT_VIEWS.items():
         path = outdir / filename
         if name == "chunk_runs" and chunk_rows:
@@ -181,7 +182,7 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
                 raise ReplayError(f"{path}: damaged Parquet file, cannot read its data ({why})")
             con.execute(VIEW_SQL.format(name="chunks", columns="*", path=sql_literal(path.resolve()), options=""))
             continue
-        names = _check_columns(path, schema)
+        names = file_columns[name] = _check_columns(path, schema)
         why = damaged_parquet(path)  # DuckDB does not check page checksums: changed bytes would read as numbers
         if why is not None:
             raise ReplayError(f"{path}: damaged Parquet file, cannot read its data ({why})")
@@ -198,7 +199,7 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
                     f"request_id, status FROM read_parquet({requests}, file_row_number = true)")
         # Each step's end; in a disaggregated fleet only the decode pool's steps (replica numbered
         # within the pool) emit output chunks.
-        decode_only = " WHERE pool = 'decode'" if "pool" in pq.read_schema(outdir / STEPS_FILE).names else ""
+        decode_only = " WHERE pool = 'decode'" if "pool" in file_columns["steps"] else ""
         con.execute("CREATE OR REPLACE VIEW step_ends AS SELECT replica, step, start_ms + duration_ms AS end_ms "
                     "FROM steps" + decode_only)
         con.execute("CREATE OR REPLACE VIEW chunks AS " + sql("chunks"))
@@ -213,9 +214,8 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
             raise
         except Exception as exc:
             raise TraceError(f"cannot read the run's trace: {exc}", path=str(trace_path)) from None
-        _check_columns(trace_path, TRACE_SCHEMA)
         # What was measured and the labels ride along, when the trace has them (ingested logs).
-        present = set(pq.read_schema(trace_path).names)
+        present = set(_check_columns(trace_path, TRACE_SCHEMA))
         columns = ", ".join(TRACE_SCHEMA.names + [n for n in OPTIONAL_SCHEMA.names if n in present])
         lit = sql_literal(trace_path.resolve())
         # A run limited by load.max_requests (or load.window) replayed some of the trace's rows: the trace views
@@ -235,14 +235,12 @@ def open_run(outdir: str | Path, con: duckdb.DuckDBPyConnection | None = None) -
             notes.append(f"the trace has no prefix identity ({meta.prefix_identity}): "
                          "infinite-cache reuse is unknown, not zero")
     # The fleet's replicas are the ones requests finish on: a disaggregated run's decode pool.
-    step_names = _check_columns(outdir / OUTPUT_VIEWS["steps"][0], OUTPUT_VIEWS["steps"][1])
-    where = " WHERE pool = 'decode'" if "pool" in step_names else ""
+    where = " WHERE pool = 'decode'" if "pool" in file_columns["steps"] else ""
     con.execute(f"CREATE OR REPLACE VIEW fleet_steps AS SELECT * FROM steps{where}")
     # The prefix cache each request's prompt was looked up in: its replica's, or in a disaggregated
     # fleet its prefill replica's (a prompt prefilled on its decode replica: that one's).
-    request_names = pq.read_schema(outdir / OUTPUT_VIEWS["requests"][0]).names
     cache = ("CASE WHEN prefill_replica IS NOT NULL THEN 'prefill ' || prefill_replica ELSE 'decode ' || replica END"
-             if "prefill_replica" in request_names else "replica::VARCHAR")
+             if "prefill_replica" in file_columns["requests"] else "replica::VARCHAR")
     con.execute(f"CREATE OR REPLACE VIEW request_caches AS SELECT request_id, {cache} AS cache FROM requests "
                 "WHERE replica IS NOT NULL")
     con.execute("CREATE OR REPLACE VIEW run_window AS " + sql("run_window"))

@@ -53,8 +53,6 @@ def plan(
             raise ReplayError("--goal takes min or max")
         if search not in SEARCHES:
             raise ReplayError(f"--search takes {', '.join(SEARCHES)}")
-        if on_error not in ("fail", "skip"):
-            raise ReplayError("--on-error takes fail or skip")
         sweep_slo = parse_sweep_slo(slo)
         if not sweep_slo.constraints:
             raise ReplayError("--slo needs at least one <metric>_<stat>=ms constraint, e.g. ttft_p99=2000")

@@ -38,8 +38,6 @@ def sweep(
     from replay.sweep.slo import parse_sweep_slo
 
     with user_errors():
-        if on_error not in ("fail", "skip"):
-            raise ReplayError("--on-error takes fail or skip")
         axes = check_axes(parse_axes(grid))
         points = product(axes)
         options = SweepOptions(ray=ray, workers=workers, summary_only=summary_only, retry_failed=retry_failed,

@@ -17,6 +17,7 @@ from replay.base.errors import ConfigError, ReplayError
 from replay.base.parquet_io import CHECKSUMS
 from replay.base.version import __version__
 from replay.engine.config import load_config
+from replay.engine.request_selection import check_on_error
 from replay.engine.run import config_input_files
 from replay.sweep.executors import Executor, make_executor
 from replay.sweep.grid import Axis, Point, describe, point_config
@@ -77,6 +78,9 @@ class SweepOptions:
     summary_only: bool = False
     retry_failed: bool = False
     on_error: str = "fail"
+
+    def __post_init__(self) -> None:
+        check_on_error(self.on_error)  # before any config runs (a worker would find it too late)
 
 
 def _fingerprint(table) -> str:
