@@ -14,7 +14,7 @@ import multiprocessing
 import shutil
 import tempfile
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from replay.engine.cluster_merge import cluster_files
 from replay.engine.clusters import ClusterPlan
 from replay.engine.config import EngineConfig
 from replay.engine.core import EngineCore
-from replay.engine.fleet import FleetLoop
+from replay.engine.fleet import FleetLoop, ProgressFn
 from replay.engine.kv_tier_report import TierFigures, tier_figures, tier_names
 from replay.engine.recorder import Recorder
 from replay.engine.replay_gc import without_collector
@@ -93,11 +93,12 @@ class ClusterResult:
 
 @without_collector  # a Ray task too replays under the engine's collector policy
 def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, cp: ClusterPlan,
-                   outdir: Path, *, check_invariants: bool = False) -> ClusterResult:
+                   outdir: Path, *, check_invariants: bool = False, fast_forward: bool = True,
+                   progress: ProgressFn | None = None) -> ClusterResult:
     """Replay one cluster's requests on its replicas, behind its own router, into ``outdir``."""
     fleet = config.fleet
-    assert fleet is not None and fleet.clusters > 1
-    per = fleet.replicas // fleet.clusters
+    assert fleet is not None
+    per = cp.replicas
     sampler = None
     if config.speculative is not None:
         sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
@@ -114,11 +115,12 @@ def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup,
                             num_gpu_blocks=setup.num_gpu_blocks, seed=config.seed + cp.cluster, trace=trace)
         router = build_router(fleet.router, fleet.router_options, ctx)
     recorder = Recorder(trace, outdir, replica_column=True, cluster_part=True, tier_names=tier_names(config))
-    cores = [EngineCore(i, sched, setup.timer, recorder, check_invariants=check_invariants)
+    cores = [EngineCore(i, sched, setup.timer, recorder, fast_forward=fast_forward,
+                        check_invariants=check_invariants)
              for i, sched in enumerate(schedulers)]
     loop = FleetLoop(trace, cp.plan, cores, router, recorder, block_size=config.kv_cache.block_size,
                      hash_lookahead=schedulers[0].kv.hash_lookahead, rejected=cp.rejected,
-                     router_latency_ms=fleet.router_latency_ms)
+                     router_latency_ms=fleet.router_latency_ms, progress=progress, shared_lead=cp.shared_lead)
     if tier_pools is not None:
         tier_pools.set_clock(lambda: loop.now)
     loop.run_recorded()
@@ -160,27 +162,31 @@ def replay_cluster_remote(table: pa.Table, hash_block_size: int | None, config: 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def replay_clusters(trace: TraceArrays, table: pa.Table, hash_block_size: int | None, config: EngineConfig,
+def replay_clusters(trace: TraceArrays, table: pa.Table | None, hash_block_size: int | None, config: EngineConfig,
                     setup: EngineSetup, plans: list[ClusterPlan], workdir: Path, *, ray_address: str | None,
-                    workers: int = 1, check_invariants: bool = False) -> list[ClusterResult]:
+                    workers: int = 1, check_invariants: bool = False, fast_forward: bool = True,
+                    progress: ProgressFn | None = None, noun: str = "cluster") -> list[ClusterResult]:
     """Every cluster into ``workdir/cluster-<c>``: one after another here, in up to ``workers``
-    local processes, or on Ray. With processes or Ray this process replays the first cluster itself
-    while the others run elsewhere (it would otherwise sit idle waiting, and one worker fewer starts)."""
+    local processes, or on Ray. With processes or Ray this process replays clusters itself while
+    the others run elsewhere (it would otherwise sit idle waiting, and one worker fewer starts).
+    ``noun`` names a part in errors (``replica`` when a fleet's replicas are replayed apart).
+    ``progress`` hears the requests done over every part (not from Ray tasks)."""
     dirs = [workdir / f"cluster-{cp.cluster}" for cp in plans]
     for d in dirs:
         d.mkdir()
+    options = _PartOptions(check_invariants, fast_forward, noun)
+    if ray_address is None:
+        processes = min(workers, len(plans))
+        if processes > 1 and "fork" not in multiprocessing.get_all_start_methods():
+            raise ReplayError("--workers needs processes started by fork (Linux, macOS); use --ray here")
+        work = _PartQueue(trace, config, setup, plans, dirs, options, processes)
+        return _run_in_processes(work, progress) if processes > 1 else work.run_slot(0, progress)
 
     def first() -> ClusterResult:
-        return replay_cluster(trace, config, setup, plans[0], dirs[0], check_invariants=check_invariants)
+        return replay_cluster(trace, config, setup, plans[0], dirs[0], check_invariants=check_invariants,
+                              fast_forward=fast_forward)
 
-    if ray_address is None and workers > 1 and len(plans) > 1:
-        local, others = _run_in_processes(workers - 1, (trace, config, setup, check_invariants), plans[1:],
-                                          dirs[1:], first)
-        return [local, *others]
-    if ray_address is None:
-        return [replay_cluster(trace, config, setup, cp, d, check_invariants=check_invariants)
-                for cp, d in zip(plans, dirs)]
-
+    assert table is not None, "Ray tasks rebuild the trace from its table"
     local, remote = _run_on_ray(ray_address, table, hash_block_size, config, setup, plans[1:], first)
     for result, d in zip(remote, dirs[1:]):
         for name, data in result.files.items():
@@ -189,44 +195,127 @@ def replay_clusters(trace: TraceArrays, table: pa.Table, hash_block_size: int | 
     return [local, *remote]
 
 
-# What a forked worker process replays from: set just before the pool forks, inherited by the
-# children (no copy of the trace is pickled), cleared after.
-_FORKED: tuple[TraceArrays, EngineConfig, EngineSetup, bool] | None = None
+@dataclass(frozen=True)
+class _PartOptions:
+    check_invariants: bool
+    fast_forward: bool
+    noun: str  # what a part is called in errors
 
 
-def _replay_forked(cp: ClusterPlan, outdir: str) -> ClusterResult:
-    """A worker process: replay cluster ``cp`` into ``outdir`` (a folder the parent merges)."""
+class _PartQueue:
+    """The parts (clusters) of one replay, taken in order by whichever process is free (this one
+    and its forked workers), so that parts of uneven size keep every process busy; and the
+    requests each process has done, for one progress bar. The counters live in shared memory made
+    before the fork, which the workers inherit (no copy of the trace is pickled either)."""
+
+    def __init__(self, trace: TraceArrays, config: EngineConfig, setup: EngineSetup, plans: list[ClusterPlan],
+                 dirs: list[Path], options: _PartOptions, processes: int) -> None:
+        self.trace = trace
+        self.config = config
+        self.setup = setup
+        self.plans = plans
+        self.dirs = dirs
+        self.options = options
+        if processes > 1:
+            ctx = multiprocessing.get_context("fork")
+            self.next_part = ctx.Value("q", 0)  # with its lock: two processes must not take one part
+            self.done = ctx.Array("q", processes, lock=False)  # one writer per slot
+            self.sim_ms = ctx.Array("d", processes, lock=False)
+        else:
+            self.next_part = None
+            self.done = [0]
+            self.sim_ms = [0.0]
+        self._taken = 0  # the next part, without processes
+
+    def take(self) -> int:
+        """The next part no process has taken (len(plans) when none is left)."""
+        if self.next_part is None:
+            i, self._taken = self._taken, self._taken + 1
+            return min(i, len(self.plans))
+        with self.next_part.get_lock():
+            i = self.next_part.value
+            if i < len(self.plans):
+                self.next_part.value = i + 1
+            return min(i, len(self.plans))
+
+    def stop(self) -> None:
+        """No process takes another part (one has failed)."""
+        if self.next_part is not None:
+            with self.next_part.get_lock():
+                self.next_part.value = len(self.plans)
+
+    def report(self, forward: ProgressFn | None) -> None:
+        if forward is not None:
+            forward(max(self.sim_ms), sum(self.done))
+
+    def run_slot(self, slot: int, forward: ProgressFn | None = None) -> list[ClusterResult]:
+        """Replay parts until none is left, counting this process's requests in ``slot``;
+        ``forward`` (this process only) hears the total over every process."""
+        results = []
+        while (i := self.take()) < len(self.plans):
+            cp = self.plans[i]
+            base = self.done[slot]
+
+            def tally(sim_ms: float, done: int, base: int = base) -> None:
+                self.done[slot] = base + done
+                if sim_ms > self.sim_ms[slot]:
+                    self.sim_ms[slot] = sim_ms
+                self.report(forward)
+
+            opts = self.options
+            try:
+                results.append(replay_cluster(self.trace, self.config, self.setup, cp, self.dirs[i],
+                                              check_invariants=opts.check_invariants,
+                                              fast_forward=opts.fast_forward, progress=tally))
+            except ReplayError:
+                self.stop()
+                raise
+            except Exception as exc:  # noqa: BLE001 - a worker names the part that failed
+                self.stop()
+                if slot == 0:
+                    raise
+                raise ReplayError(f"{opts.noun} {cp.cluster}'s replay failed in a worker process: {exc!r}") from None
+        return results
+
+
+# The work a forked worker process takes parts from: set just before the pool forks, inherited by
+# the children, cleared after.
+_FORKED: _PartQueue | None = None
+
+
+def _replay_forked(slot: int) -> list[ClusterResult]:
+    """A worker process: replay parts until none is left (each into its folder, which the parent merges)."""
     assert _FORKED is not None
-    trace, config, setup, check_invariants = _FORKED
-    return replay_cluster(trace, config, setup, cp, Path(outdir), check_invariants=check_invariants)
+    return _FORKED.run_slot(slot)
 
 
-def _run_in_processes(processes: int, state: tuple[TraceArrays, EngineConfig, EngineSetup, bool],
-                      plans: list[ClusterPlan], dirs: list[Path],
-                      meanwhile: Callable[[], ClusterResult]) -> tuple[ClusterResult, list[ClusterResult]]:
-    """The clusters of ``plans`` in up to ``processes`` forked worker processes (each writes its
-    cluster's folder of ``dirs``), while this process runs ``meanwhile``; (its result, the workers'
-    results in cluster order). Fork shares the trace and the resolved timer with the workers as they
-    are; platforms without fork use --ray instead."""
+def _run_in_processes(work: _PartQueue, progress: ProgressFn | None) -> list[ClusterResult]:
+    """Every part of ``work``, taken by this process and ``len(work.done) - 1`` forked workers as
+    each comes free; the results in part order. Fork shares the trace and the resolved timer with
+    the workers as they are; platforms without fork use --ray instead."""
     global _FORKED
-    if "fork" not in multiprocessing.get_all_start_methods():
-        raise ReplayError("--workers needs processes started by fork (Linux, macOS); use --ray here")
-    _FORKED = state
-    pool = ProcessPoolExecutor(max_workers=min(processes, len(plans)), mp_context=multiprocessing.get_context("fork"))
+    processes = len(work.done)
+    _FORKED = work
+    pool = ProcessPoolExecutor(max_workers=processes - 1, mp_context=multiprocessing.get_context("fork"))
     try:
         # Every worker forks here, before this process starts any thread of its own replay.
-        futures: list[Future[ClusterResult]] = [pool.submit(_replay_forked, cp, str(d)) for cp, d in zip(plans, dirs)]
-        local = meanwhile()
-        results = []
-        for cp, fut in zip(plans, futures):
+        futures: list[Future[list[ClusterResult]]] = [pool.submit(_replay_forked, slot)
+                                                      for slot in range(1, processes)]
+        results = work.run_slot(0, progress)
+        while wait(futures, timeout=0.5).not_done:
+            work.report(progress)
+        for fut in futures:
             try:
-                results.append(fut.result())
+                results += fut.result()
             except ReplayError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - a worker that died or failed: name the cluster
-                raise ReplayError(f"cluster {cp.cluster}'s replay failed in a worker process: {exc!r}") from None
-        return local, results
+            except Exception as exc:  # noqa: BLE001 - a worker that died (its part is not known here)
+                raise ReplayError(f"a worker process of the replay failed: {exc!r}") from None
+        work.report(progress)
+        results.sort(key=lambda r: r.cluster)
+        return results
     finally:
+        work.stop()
         pool.shutdown(wait=True, cancel_futures=True)
         _FORKED = None
 

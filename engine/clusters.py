@@ -43,8 +43,12 @@ class ClusterPlan:
 
     cluster: int
     replica_offset: int  # global id of the cluster's replica 0
+    replicas: int  # how many replicas the cluster has
     plan: ArrivalPlan
     rejected: dict[int, str]
+    # Per trace row, its leading ids that another row of the same part has too (a fleet replayed
+    # replica by replica: engine/trace_ids.shared_lead_within over the parts); None: the loop's own.
+    shared_lead: np.ndarray | None = None
 
 
 def _session_hash(trace: TraceArrays, rows: np.ndarray, k: int) -> np.ndarray:
@@ -100,12 +104,21 @@ def split_plan(plan: ArrivalPlan, cluster_of: np.ndarray, rejected: dict[int, st
     order = np.asarray(plan.open_order, dtype=np.int64)
     times = np.asarray(plan.open_times, dtype=np.float64)
     of_open = cluster_of[order]
+    deps: list[dict[int, list[tuple[int, float]]]] = [{} for _ in range(clusters)]
+    for parent, children in plan.dependents.items():  # one pass, not one per cluster
+        c = int(cluster_of[parent])
+        assert c >= 0, "a closed-loop turn's parent is a released row"
+        deps[c][parent] = children
+    refused: list[dict[int, str]] = [{} for _ in range(clusters)]
+    for row, why in rejected.items():
+        c = int(cluster_of[row])
+        if c >= 0:
+            refused[c][row] = why
     out = []
     for c in range(clusters):
         mine = of_open == c
-        deps = {p: d for p, d in plan.dependents.items() if cluster_of[p] == c}
-        sub = ArrivalPlan(open_order=order[mine], open_times=times[mine], dependents=deps,
+        sub = ArrivalPlan(open_order=order[mine], open_times=times[mine], dependents=deps[c],
                           delay_rule=plan.delay_rule)
-        out.append(ClusterPlan(cluster=c, replica_offset=c * replicas_per_cluster, plan=sub,
-                               rejected={i: why for i, why in rejected.items() if cluster_of[i] == c}))
+        out.append(ClusterPlan(cluster=c, replica_offset=c * replicas_per_cluster, replicas=replicas_per_cluster,
+                               plan=sub, rejected=refused[c]))
     return out

@@ -80,7 +80,8 @@ class FleetLoop(ReplicaBounds):
     def __init__(self, trace: TraceArrays, plan: ArrivalPlan, cores: list[EngineCore], router: Router | None,
                  recorder: Recorder, *, block_size: int, hash_lookahead: int, rejected: dict[int, str],
                  router_latency_ms: float = 0.0, progress: ProgressFn | None = None,
-                 control: FleetControl | None = None, admission: ArrivalGate | None = None) -> None:
+                 control: FleetControl | None = None, admission: ArrivalGate | None = None,
+                 shared_lead: np.ndarray | None = None) -> None:
         self.control = control
         self.admission = admission
         self.num_rejected_at_arrival = 0  # refused by admission control
@@ -142,9 +143,10 @@ class FleetLoop(ReplicaBounds):
         self.first_token_routers: list[Router] = []  # routers told of every first token
         self.hear_first_tokens(router)
         # Leading ids another request could hit, per row: counted within each replica's own rows
-        # when the routing is known in advance (engine/trace_ids.shared_lead_within).
-        self._shared_lead = trace.shared_lead
-        targets = self._targets_in_advance()
+        # when the routing is known in advance (engine/trace_ids.shared_lead_within), or as the
+        # caller counted them (``shared_lead``: a fleet replayed replica by replica).
+        self._shared_lead = trace.shared_lead if shared_lead is None else shared_lead
+        targets = self._targets_in_advance() if shared_lead is None else None
         if targets is not None:
             self._shared_lead = shared_lead_within(trace.hash_values, trace.hash_offsets, targets)
 

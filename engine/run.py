@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from replay.engine.clusters import assign_clusters, split_plan
 from replay.engine.config import EngineConfig
 from replay.engine.core import EngineCore
 from replay.engine.fleet import FleetLoop, ProgressFn
+from replay.engine.fleet_partition import replica_targets, why_replicas_share
 from replay.engine.fleet_scaling import FleetScaler
 from replay.engine.kv_tier_report import TierFigures, tier_names
 from replay.engine.kv_tiers import TierPools
@@ -49,6 +52,7 @@ from replay.engine.scheduler import Scheduler
 from replay.engine.scheduler_factory import build_scheduler, tier_pools_for
 from replay.engine.slo_capacity import ReplicaCapacity
 from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
+from replay.engine.trace_ids import shared_lead_within
 from replay.engine.trace_input import TraceArrays, TraceArraysBuilder, trace_arrays
 from replay.ingest.fingerprint import TraceFingerprint, trace_fingerprint
 from replay.ingest.schema import TraceMetadata, TraceReader, read_trace
@@ -93,8 +97,9 @@ class FleetParts:
 
 
 def build_fleet_parts(trace: TraceArrays, config: EngineConfig, setup: EngineSetup,
-                      selected: np.ndarray) -> FleetParts:
-    """One scheduler per replica (sharing the MTP acceptance sampler), the arrivals, the router."""
+                      selected: np.ndarray, plan: ArrivalPlan | None = None) -> FleetParts:
+    """One scheduler per replica (sharing the MTP acceptance sampler), the arrivals (``plan`` when
+    already made), the router."""
     sampler = None
     if config.speculative is not None:
         sampler = AcceptanceSampler(resolve_rates(config.speculative), config.speculative.seed)
@@ -104,7 +109,8 @@ def build_fleet_parts(trace: TraceArrays, config: EngineConfig, setup: EngineSet
     schedulers = [build_scheduler(config, setup.num_gpu_blocks, setup.max_model_len, sampler=sampler,
                                   kv_bytes_per_token=setup.kv_bytes_per_token, tier_pools=tier_pools, replica=i)
                   for i in range(num_replicas)]
-    plan = plan_arrivals(trace, config.load, config.seed, selected)
+    if plan is None:
+        plan = plan_arrivals(trace, config.load, config.seed, selected)
     router = None
     autoscale = fleet.autoscale if fleet is not None else None
     if fleet is not None and (num_replicas > 1 or autoscale is not None):
@@ -282,7 +288,7 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
                  config_path: str | Path | None = None, on_error: str = "fail", overwrite: bool = True,
                  progress: ProgressFn | None = None, check_invariants: bool = False,
                  setup: EngineSetup | None = None, fast_forward: bool = True, ray_address: str | None = None,
-                 workers: int = 1) -> RunSummary:
+                 workers: int | None = 1, replicas_apart: bool = True) -> RunSummary:
     """Replay ``table`` under ``config`` into ``outdir``; nothing is written unless the run completes.
     ``prepare_trace`` then ``replay_prepared`` (see both), for a caller that keeps the table anyway; the
     CLI calls the two itself, letting the table go between them."""
@@ -291,7 +297,7 @@ def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, out
     return replay_prepared(prepared, config, outdir, config_source=config_source, config_path=config_path,
                            overwrite=overwrite, progress=progress, check_invariants=check_invariants,
                            setup=setup, fast_forward=fast_forward, ray_address=ray_address, workers=workers,
-                           once=True)
+                           once=True, replicas_apart=replicas_apart)
 
 
 @without_collector
@@ -299,15 +305,18 @@ def replay_prepared(prepared: PreparedTrace, config: EngineConfig, outdir: str |
                     config_source: str | None = None, config_path: str | Path | None = None,
                     overwrite: bool = True, progress: ProgressFn | None = None,
                     check_invariants: bool = False, setup: EngineSetup | None = None,
-                    fast_forward: bool = True, ray_address: str | None = None, workers: int = 1,
-                    once: bool = False) -> RunSummary:
+                    fast_forward: bool = True, ray_address: str | None = None, workers: int | None = 1,
+                    once: bool = False, replicas_apart: bool = True) -> RunSummary:
     """Replay a prepared trace under ``config`` (the config it was prepared with) into ``outdir``.
 
     ``fast_forward=False`` steps through decode-only runs one step at a time (same bytes, slower:
     kept for the equivalence test). ``config_path``: the YAML file the config came from, an input
     like the trace (see ``config_input_files``). ``ray_address`` (``auto`` or a Ray address): a fleet
-    of clusters replays each cluster as a Ray task; ``workers`` > 1: in up to that many local
-    processes (the same outputs as without either). ``once``: ``prepared`` is replayed this once
+    of clusters replays each cluster as a Ray task; ``workers`` > 1: the clusters, or the replicas of
+    a fleet that share nothing (engine/fleet_partition.py), in up to that many local processes (the
+    same outputs as without either); None: as many as the machine's cores when the replay is large
+    enough to gain, never an error. ``replicas_apart=False`` replays such a fleet in one event loop
+    instead (the same rows; kept for the equivalence test). ``once``: ``prepared`` is replayed this once
     only, so the hash ids of rows already arrived are handed back as the replay goes (the same
     outputs, less memory: 0.9 GB by the end at 10 M reuse-heavy rows, engine/page_release.py); it
     cannot be replayed again.
@@ -316,25 +325,34 @@ def replay_prepared(prepared: PreparedTrace, config: EngineConfig, outdir: str |
     setup = setup or resolve_setup(config)
     trace, requests, meta, trace_path = prepared.arrays, prepared.requests, prepared.meta, prepared.trace_path
     fingerprint = prepared.fingerprint
-    if ray_address is not None and workers > 1:
+    if ray_address is not None and workers is not None and workers > 1:
         raise ConfigError("--ray and --workers are two ways to spread the clusters: give one")
+    common = dict(config_source=config_source, config_path=config_path, overwrite=overwrite,
+                  check_invariants=check_invariants, fast_forward=fast_forward, progress=progress)
     if config.fleet is not None and config.fleet.clusters > 1:
-        return _replay_clustered(prepared, config, outdir, setup, wall_start,
-                                 config_source=config_source, config_path=config_path,
-                                 overwrite=overwrite, check_invariants=check_invariants, ray_address=ray_address,
-                                 workers=workers)
+        return _replay_clustered(prepared, config, outdir, setup, wall_start, ray_address=ray_address,
+                                 workers=workers, **common)
     if ray_address is not None:
         raise ConfigError("--ray replays the clusters of a fleet on Ray workers: set fleet.clusters above 1")
-    if workers > 1:
-        raise ConfigError("--workers replays the clusters of a fleet in parallel processes: set fleet.clusters above 1")
     disaggregated = is_disaggregated(config)
+    plan = None
+    if not disaggregated and replicas_apart:
+        plan = plan_arrivals(trace, config.load, config.seed, requests.selected)
+        targets = replica_targets(config, trace, plan, requests.rejected, setup.num_gpu_blocks)
+        if targets is not None:
+            return _replay_clustered(prepared, config, outdir, setup, wall_start, ray_address=None, workers=workers,
+                                     apart=(plan, targets), **common)
+    if workers is not None and workers > 1:
+        why = why_replicas_share(config) or "a closed-loop turn can go to another replica than the turn it follows"
+        raise ConfigError("--workers replays the clusters of a fleet (fleet.clusters above 1), or the replicas of a "
+                          f"fleet that share nothing, in parallel processes; here they cannot be: {why}")
     inputs = [trace_path, *config_input_files(config, config_path)]
     if disaggregated:
         pd_parts = build_pd_parts(trace, config, setup, requests.selected)
         delay_rule = pd_parts.plan.delay_rule
         inputs += [f for pool in (pd_parts.prefill, pd_parts.decode) for f in config_input_files(pool.config)]
     else:
-        parts = build_fleet_parts(trace, config, setup, requests.selected)
+        parts = build_fleet_parts(trace, config, setup, requests.selected, plan=plan)
         delay_rule = parts.plan.delay_rule
     pools = None
     with atomic_dir(outdir, overwrite=overwrite, inputs=inputs) as tmp:
@@ -391,29 +409,58 @@ def replay_prepared(prepared: PreparedTrace, config: EngineConfig, outdir: str |
     return RunSummary(outdir=Path(outdir), run_info=info)
 
 
+# Below this many requests, parallel processes gain less than forking them costs (a default of
+# ``workers=None`` only; the outputs are the same either way).
+_PROCESSES_FROM_REQUESTS = 4000
+
+
+def auto_workers(requests: int, parts: int) -> int:
+    """Processes for ``parts`` independent parts of a replay of ``requests`` requests when the user
+    named none: the cores this process may use, if the replay is large enough to gain."""
+    if requests < _PROCESSES_FROM_REQUESTS or parts < 2:
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, parts))
+
+
 def _replay_clustered(prepared: PreparedTrace, config: EngineConfig, outdir: str | Path, setup: EngineSetup,
                       wall_start: float, *, config_source: str | None,
-                      config_path: str | Path | None, overwrite: bool, check_invariants: bool,
-                      ray_address: str | None, workers: int) -> RunSummary:
-    """A fleet of clusters (engine/clusters.py): each cluster replayed on its own (here, in local
-    processes or on Ray), the outputs merged (engine/cluster_merge.py), one run.json over the whole
-    fleet."""
+                      config_path: str | Path | None, overwrite: bool, check_invariants: bool, fast_forward: bool,
+                      progress: ProgressFn | None, ray_address: str | None, workers: int | None,
+                      apart: tuple[ArrivalPlan, np.ndarray] | None = None) -> RunSummary:
+    """A fleet of clusters (engine/clusters.py), or a fleet whose replicas share nothing (``apart``:
+    its arrival plan and every row's replica, engine/fleet_partition.py), each part replayed on its
+    own (here, in local processes or on Ray), the outputs merged (engine/cluster_merge.py), one
+    run.json over the whole fleet."""
     fleet = config.fleet
     assert fleet is not None
-    if prepared.table is None:
-        raise ConfigError("this trace was prepared for a fleet without clusters, which lets its table go: "
-                          "prepare it (prepare_trace) with the clustered config it is replayed with")
     trace, requests, meta, trace_path = prepared.arrays, prepared.requests, prepared.meta, prepared.trace_path
     fingerprint, table = prepared.fingerprint, prepared.table
-    plan = plan_arrivals(trace, config.load, config.seed, requests.selected)
-    cluster_of = assign_clusters(trace, plan, fleet.clusters, fleet.global_router, config.seed)
-    plans = split_plan(plan, cluster_of, requests.rejected, fleet.clusters, fleet.replicas // fleet.clusters)
+    if ray_address is not None and table is None:
+        raise ConfigError("this trace was prepared for a fleet without clusters, which lets its table go: "
+                          "prepare it (prepare_trace) with the clustered config it is replayed with")
+    if apart is None:
+        plan = plan_arrivals(trace, config.load, config.seed, requests.selected)
+        cluster_of = assign_clusters(trace, plan, fleet.clusters, fleet.global_router, config.seed)
+        num_parts, noun = fleet.clusters, "cluster"
+    else:
+        (plan, cluster_of), num_parts, noun = apart, fleet.replicas, "replica"
+    plans = split_plan(plan, cluster_of, requests.rejected, num_parts, fleet.replicas // num_parts)
+    if apart is not None:  # a replica's requests can hit only what its own requests computed
+        lead = shared_lead_within(trace.hash_values, trace.hash_offsets, cluster_of)
+        plans = [dataclasses.replace(cp, shared_lead=lead) for cp in plans]
+    if workers is None:
+        workers = auto_workers(len(requests.selected), num_parts)
     inputs = [trace_path, *config_input_files(config, config_path)]
     with atomic_dir(outdir, overwrite=overwrite, inputs=inputs) as tmp:
         work = tmp / ".clusters"
         work.mkdir()
         results = replay_clusters(trace, table, meta.hash_block_size, config, setup, plans, work,
-                                  ray_address=ray_address, workers=workers, check_invariants=check_invariants)
+                                  ray_address=ray_address, workers=workers, check_invariants=check_invariants,
+                                  fast_forward=fast_forward, progress=progress, noun=noun)
         merge_outputs([work / f"cluster-{cp.cluster}" for cp in plans], [r.rows for r in results],
                       [cp.replica_offset for cp in plans], tmp)
         shutil.rmtree(work)
@@ -427,10 +474,13 @@ def _replay_clustered(prepared: PreparedTrace, config: EngineConfig, outdir: str
                             wall_time_s=round(time.perf_counter() - wall_start, 3),
                             session_delay_rule=plan.delay_rule, tiers=_cluster_tiers(results))
         info = build_run_info(facts)
-        info["fleet"]["clusters"] = fleet.clusters
-        info["fleet"]["global_router"] = fleet.global_router
+        if apart is None:
+            info["fleet"]["clusters"] = fleet.clusters
+            info["fleet"]["global_router"] = fleet.global_router
+        else:
+            info["fleet"]["replicas_apart"] = True
         info["fleet"]["ran_on"] = ("ray" if ray_address is not None
-                                   else f"{min(workers, fleet.clusters)} processes" if workers > 1 else "local")
+                                   else f"{min(workers, num_parts)} processes" if workers > 1 else "local")
         span_ms = facts.simulated_span_ms
         info["cost"] = cost_summary(config, fleet.replicas * span_ms, fleet.replicas * span_ms
                                     * config.tensor_parallel_size, span_ms)

@@ -37,8 +37,10 @@ def run(
     block_size: int | None = typer.Option(None, "--trace-block-size", help="Tokens per hash id of a non-canonical TRACE."),
     ray: str | None = typer.Option(None, "--ray", help="With fleet.clusters > 1: replay each cluster as a Ray task, "
                                    "'auto' (a local Ray instance) or a cluster ADDRESS; same outputs as without."),
-    workers: int = typer.Option(1, "--workers", min=1, help="With fleet.clusters > 1: replay the clusters in up to "
-                                "this many local processes (one core each); same outputs as without."),
+    workers: int | None = typer.Option(None, "--workers", min=1, help="Replay the clusters of a fleet, or the replicas "
+                                       "of a fleet that share nothing (docs/fleet.md), in up to this many local "
+                                       "processes; same outputs with any number (default: the cores, on large "
+                                       "replays)."),
 ) -> None:
     """Replay every request of TRACE through the modeled vLLM V1 engine and write what each experienced."""
     from replay.api import prepare_any_trace, resolve_config

@@ -142,8 +142,8 @@ def test_a_prepared_trace_keeps_its_table_only_where_the_replay_reads_it(small_t
 
     from replay.base.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="prepared for a fleet without clusters"):
-        replay_prepared(prepared, clustered, tmp_path / "wrong")
+    with pytest.raises(ConfigError, match="prepared for a fleet without clusters"):  # Ray tasks need the table
+        replay_prepared(prepared, clustered, tmp_path / "wrong", ray_address="auto")
     assert not (tmp_path / "wrong").exists()
     replay_prepared(prepared, cfg, tmp_path / "a", setup=setup)
     replay_trace(table, meta, cfg, tmp_path / "b", trace_path=small_trace)

@@ -192,10 +192,10 @@ def test_a_failing_worker_names_its_cluster_and_leaves_no_output(tmp_path, monke
     assert not (tmp_path / "o").exists()
 
 
-def test_workers_need_clusters(tmp_path):
+def test_workers_need_clusters_or_replicas_that_share_nothing(tmp_path):
     from replay.base.errors import ConfigError
 
     table, meta = _open_trace(5)
-    cfg = EngineConfig.model_validate({"fleet": {"replicas": 2}})
-    with pytest.raises(ConfigError, match="--workers.*fleet.clusters"):
+    cfg = EngineConfig.model_validate({"fleet": {"replicas": 2, "router": "kv_aware"}})
+    with pytest.raises(ConfigError, match="--workers.*fleet.clusters.*kv_aware reads"):
         replay_trace(table, meta, cfg, tmp_path / "o", setup=setup_for(400, FixedTimer(5.0)), workers=2)

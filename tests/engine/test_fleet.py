@@ -59,9 +59,11 @@ def _rows(n: int, seed: int, *, sessions: bool, copy: int = 0) -> list[dict]:
 
 
 def _run(table, meta, data: dict, out, blocks: int, *, fast_forward: bool = True) -> dict:
+    """One event loop for the whole fleet, also where its replicas could be replayed apart
+    (tests/engine/test_fleet_partition.py compares the two)."""
     cfg = EngineConfig.model_validate(data)
     return replay_trace(table, meta, cfg, out, setup=setup_for(blocks, ContextTimer()),
-                        fast_forward=fast_forward, check_invariants=True).run_info
+                        fast_forward=fast_forward, check_invariants=True, replicas_apart=False).run_info
 
 
 def _same_files(a, b) -> None:

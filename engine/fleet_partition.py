@@ -1,0 +1,91 @@
+"""Replicas that share nothing: when a fleet can be replayed one replica at a time.
+
+Behind a router that decides from the request alone (round robin, random, session affinity), with
+nothing else shared between replicas (no cluster or node KV tier, no admission control, no
+autoscaler, no concurrency slots) and every closed-loop turn going to the replica of the turn that
+releases it, each replica's run depends only on the requests it gets, and which requests it gets is
+known before the replay. Such a fleet is replayed replica by replica, each replica as a fleet of one
+(engine/cluster_run.py, the code that replays clusters), one after another or in parallel
+processes, and the outputs merged in replica order (engine/cluster_merge.py). Every request's
+result is the one the fleet's single event loop gives (tests/engine/test_fleet_partition.py);
+steps and chunk runs come in replica order, whatever the number of processes.
+
+``replica_targets`` says whether a config and an arrival plan allow it, and where each row goes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replay.engine.arrivals import ArrivalPlan
+from replay.engine.config import EngineConfig
+from replay.engine.routers import RouterContext, build_router
+from replay.engine.trace_input import TraceArrays
+
+# Routers whose choice depends on the request alone (Router.reads_replica_state is False).
+_REQUEST_ONLY = ("round_robin", "random", "session_affinity")
+
+
+def why_replicas_share(config: EngineConfig) -> str | None:
+    """Why this config's replicas cannot be replayed apart, or None when its config allows it
+    (the arrival plan may still forbid it: ``replica_targets``)."""
+    fleet = config.fleet
+    if fleet is None or fleet.replicas < 2:
+        return "a single replica"
+    if fleet.mode != "aggregated":
+        return "a disaggregated fleet's pools exchange KV"
+    if fleet.clusters > 1:
+        return "a fleet of clusters is replayed cluster by cluster"
+    if fleet.router not in _REQUEST_ONLY:
+        return f"fleet.router {fleet.router} reads the replicas' state at every arrival"
+    if fleet.autoscale is not None:
+        return "fleet.autoscale decides from the whole fleet's load"
+    if fleet.admission is not None:
+        return "fleet.admission decides from the whole fleet's load"
+    if config.load.mode == "concurrency":
+        return "load.mode concurrency shares its slots over the whole fleet"
+    if config.kv_cache.tiers:
+        return "kv_cache.tiers can share a node's link or a cluster's pool between replicas"
+    return None
+
+
+def replica_targets(config: EngineConfig, trace: TraceArrays, plan: ArrivalPlan,
+                    rejected: dict[int, str], num_gpu_blocks: int) -> np.ndarray | None:
+    """The replica every row of ``plan`` goes to (-1 for rows it does not release), or None when
+    the fleet's replicas cannot be replayed apart. A row refused at arrival goes to no replica; it
+    is recorded by the replica the router names (round robin: replica 0, as it takes no turn)."""
+    if why_replicas_share(config) is not None or plan.concurrency:
+        return None
+    fleet = config.fleet
+    assert fleet is not None
+    n = fleet.replicas
+    target = np.full(len(trace), -1, dtype=np.int64)
+    order = np.asarray(plan.open_order, dtype=np.int64)
+    if fleet.router == "round_robin":
+        if plan.dependents:
+            return None  # a closed-loop turn takes the round robin's next turn when its parent finishes
+        target[order] = 0
+        routed = order[_not_in(order, rejected)] if rejected else order
+        target[routed] = np.arange(len(routed), dtype=np.int64) % n
+        return target
+    ctx = RouterContext(num_replicas=n, block_size=config.kv_cache.block_size, num_gpu_blocks=num_gpu_blocks,
+                        seed=config.seed, trace=trace)
+    router = build_router(fleet.router, fleet.router_options, ctx)
+    children = np.fromiter((child for deps in plan.dependents.values() for child, _ in deps), dtype=np.int64)
+    rows = np.concatenate([order, children])
+    static = router.static_targets(rows)
+    if static is None:
+        return None
+    target[rows] = static
+    # A closed-loop turn is released when its parent finishes: on another replica, that would tie
+    # the two replicas' runs together.
+    for parent, deps in plan.dependents.items():
+        for child, _ in deps:
+            if target[child] != target[parent]:
+                return None
+    return target
+
+
+def _not_in(rows: np.ndarray, rejected: dict[int, str]) -> np.ndarray:
+    """Mask of the rows that are not in ``rejected``."""
+    return np.fromiter((i not in rejected for i in rows.tolist()), dtype=bool, count=len(rows))

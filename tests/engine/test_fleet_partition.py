@@ -1,0 +1,161 @@
+"""A fleet whose replicas share nothing is replayed replica by replica: the same results as its one
+event loop, and the same bytes whatever the number of processes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from replay.base.errors import ConfigError
+from replay.engine.arrivals import plan_arrivals
+from replay.engine.config import EngineConfig
+from replay.engine.fleet_partition import replica_targets, why_replicas_share
+from replay.engine.run import prepare_trace, replay_prepared
+from replay.engine.trace_input import trace_arrays
+from tests.engine_helpers import FixedTimer, make_trace, setup_for
+
+OUTPUTS = ("requests.parquet", "steps.parquet", "chunks.parquet")
+
+
+def _open_trace(n: int = 60, seed: int = 0):
+    """Open-loop rows with shared heads (four system prompts), varied tails and outputs."""
+    rng = np.random.default_rng(seed)
+    rows, t = [], 0
+    for i in range(n):
+        t += int(rng.exponential(4))
+        head = int(rng.integers(0, 4))
+        inp = int(rng.integers(40, 300))
+        n_ids = -(-inp // 16)
+        ids = [head * 1000 + j for j in range(min(3, n_ids - 1))]
+        ids += [10**6 + i * 100 + j for j in range(n_ids - len(ids))]
+        rows.append(dict(arrival_ms=t, input_tokens=inp, output_tokens=int(rng.integers(2, 60)), hash_ids=ids))
+    return make_trace(rows)
+
+
+def _sessions_trace():
+    """Four sessions of three turns; later turns are closed-loop (released by the previous finish)."""
+    rows = []
+    for s in range(4):
+        for turn in range(3):
+            rows.append(dict(arrival_ms=s * 5 + turn * 1000, input_tokens=64 + 32 * turn, output_tokens=5,
+                             hash_ids=[s * 100 + j for j in range(4 + 2 * turn)], session_id=f"s{s}",
+                             turn=turn, delay_ms=None if turn == 0 else 50))
+    rows.sort(key=lambda r: r["arrival_ms"])
+    return make_trace(rows)
+
+
+def _replay(tmp_path, trace, name: str, fleet: dict, blocks: int = 40, **kwargs) -> dict:
+    table, meta = trace
+    cfg = EngineConfig.model_validate({"fleet": fleet})
+    setup = setup_for(blocks, FixedTimer(5.0, 0.01, 1e-4))
+    prepared = prepare_trace(table, meta, cfg, setup)
+    return replay_prepared(prepared, cfg, tmp_path / name, setup=setup, check_invariants=True, **kwargs).run_info
+
+
+def _sorted(path):
+    table = pq.read_table(path)
+    return table.sort_by([(c, "ascending") for c in table.column_names])
+
+
+def _same_results(a, b) -> None:
+    """The same requests (byte for byte) and the same step and chunk rows (in any order)."""
+    assert (a / "requests.parquet").read_bytes() == (b / "requests.parquet").read_bytes()
+    for name in ("steps.parquet", "chunks.parquet"):
+        if (a / name).exists() or (b / name).exists():
+            assert _sorted(a / name).equals(_sorted(b / name)), name
+
+
+@pytest.mark.parametrize("router", ["round_robin", "random"])
+def test_apart_gives_the_one_loop_results(tmp_path, router):
+    # 40 blocks a replica: preemption and eviction happen, so each replica's run is not trivial.
+    fleet = {"replicas": 3, "router": router, "router_latency_ms": 2.0}
+    one = _replay(tmp_path, _open_trace(), "one", fleet, replicas_apart=False)
+    apart = _replay(tmp_path, _open_trace(), "apart", fleet)
+    assert "replicas_apart" not in one["fleet"] and apart["fleet"]["replicas_apart"] is True
+    assert apart["fleet"]["ran_on"] == "local"
+    _same_results(tmp_path / "one", tmp_path / "apart")
+    assert apart["totals"] == one["totals"] and apart["totals"]["preemptions"] > 0
+    assert apart["fleet"]["per_replica"] == one["fleet"]["per_replica"]
+    assert apart["simulated_span_ms"] == one["simulated_span_ms"]
+    # Steps come replica by replica.
+    replicas = pq.read_table(tmp_path / "apart" / "steps.parquet").column("replica").to_numpy()
+    assert (np.diff(replicas) >= 0).all() and set(replicas) == {0, 1, 2}
+
+
+def test_processes_write_the_same_bytes(tmp_path):
+    fleet = {"replicas": 4, "router": "round_robin"}
+    one_process = _replay(tmp_path, _open_trace(80, seed=2), "w1", fleet, workers=1)
+    three = _replay(tmp_path, _open_trace(80, seed=2), "w3", fleet, workers=3)
+    assert three["fleet"]["ran_on"] == "3 processes"
+    for name in OUTPUTS:
+        assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w3" / name).read_bytes(), name
+    assert three["totals"] == one_process["totals"]
+
+
+def test_progress_counts_every_replicas_requests(tmp_path):
+    heard: list[int] = []
+    _replay(tmp_path, _open_trace(50, seed=4), "p", {"replicas": 3}, workers=2,
+            progress=lambda sim_ms, done: heard.append(done))
+    assert heard and heard[-1] == 50 and heard == sorted(heard)
+
+
+def test_session_affinity_sessions_stay_apart(tmp_path):
+    # Every turn of a session goes to one replica, closed-loop turns included: replicas stay apart.
+    fleet = {"replicas": 3, "router": "session_affinity"}
+    one = _replay(tmp_path, _sessions_trace(), "one", fleet, replicas_apart=False)
+    apart = _replay(tmp_path, _sessions_trace(), "apart", fleet)
+    assert apart["fleet"]["replicas_apart"] is True
+    _same_results(tmp_path / "one", tmp_path / "apart")
+    assert apart["totals"] == one["totals"]
+
+
+def test_round_robin_sessions_share_the_turn_order(tmp_path):
+    # A closed-loop turn takes round robin's next turn when it is released: which replica gets
+    # what depends on every replica's finishes, so the fleet runs in one loop, and --workers says why.
+    info = _replay(tmp_path, _sessions_trace(), "rr", {"replicas": 3})
+    assert "replicas_apart" not in info["fleet"]
+    with pytest.raises(ConfigError, match="closed-loop turn"):
+        _replay(tmp_path, _sessions_trace(), "rr2", {"replicas": 3}, workers=2)
+
+
+@pytest.mark.parametrize(("fleet", "extra", "reason"), [
+    ({"replicas": 2, "router": "kv_aware"}, {}, "reads the replicas' state"),
+    ({"replicas": 2, "router": "least_loaded"}, {}, "reads the replicas' state"),
+    ({"replicas": 2}, {"load": {"mode": "concurrency", "concurrency": 4}}, "concurrency"),
+    ({"replicas": 2, "admission": {"max_waiting_per_replica": 4}}, {}, "admission"),
+    ({"replicas": 1}, {}, "single replica"),
+])
+def test_what_ties_replicas_together(tmp_path, fleet, extra, reason):
+    cfg = EngineConfig.model_validate({"fleet": fleet, **extra})
+    assert reason in (why_replicas_share(cfg) or "")
+
+
+def test_a_row_refused_at_arrival_takes_no_round_robin_turn():
+    table, meta = _open_trace(7)
+    trace = trace_arrays(table, meta.hash_block_size)
+    cfg = EngineConfig.model_validate({"fleet": {"replicas": 3}})
+    plan = plan_arrivals(trace, cfg.load, 0, np.arange(7))
+    targets = replica_targets(cfg, trace, plan, {2: "too long"}, 100)
+    assert targets is not None
+    # Row 2 is recorded by replica 0 but takes no turn: rows 0, 1, 3, 4, 5, 6 go 0, 1, 2, 0, 1, 2.
+    assert targets.tolist() == [0, 1, 0, 2, 0, 1, 2]
+
+
+def test_the_cli_replays_apart_by_default(tmp_path):
+    from typer.testing import CliRunner
+
+    from replay.cli import app
+    from replay.ingest.writer import write_trace_table
+
+    write_trace_table(tmp_path / "t.parquet", *_open_trace(30))
+    res = CliRunner().invoke(app, ["run", str(tmp_path / "t.parquet"), "-o", str(tmp_path / "o"), "-q",
+                                   "--set", "fleet.replicas=2"])
+    assert res.exit_code == 0, res.output
+    info = json.loads((tmp_path / "o" / "run.json").read_text())
+    assert info["fleet"]["replicas_apart"] is True and info["fleet"]["ran_on"] == "local"  # small: one process
+    res = CliRunner().invoke(app, ["run", str(tmp_path / "t.parquet"), "-o", str(tmp_path / "k"), "-q",
+                                   "--set", "fleet.replicas=2", "--set", "fleet.router=kv_aware", "--workers", "2"])
+    assert res.exit_code == 2 and "kv_aware reads the replicas' state" in res.output
