@@ -194,14 +194,14 @@ class EngineConfig(StrictModel):
     @model_validator(mode="after")
     def _tier_chain(self) -> EngineConfig:
         host = self.host_offload
+        fleet = self.fleet
+        if fleet is not None and fleet.disaggregated:  # refused whether or not the top level has tiers
+            for pool in ("prefill", "decode"):
+                spec = getattr(fleet, pool)
+                if spec is not None and spec.kv_cache and "tiers" in spec.kv_cache:
+                    raise ValueError(f"fleet.{pool}.kv_cache.tiers: the tiers are the fleet's, set at the top "
+                                     f"level (kv_cache.tiers): a cluster tier is one store both pools share")
         if self.kv_cache.tiers:
-            fleet = self.fleet
-            if fleet is not None and fleet.disaggregated:
-                for pool in ("prefill", "decode"):
-                    spec = getattr(fleet, pool)
-                    if spec is not None and spec.kv_cache and "tiers" in spec.kv_cache:
-                        raise ValueError(f"fleet.{pool}.kv_cache.tiers: the tiers are the fleet's, set at the top "
-                                         f"level (kv_cache.tiers): a cluster tier is one store both pools share")
             check_tier_chain(self.kv_cache.tiers, host is not None,
                              (host.block_size if host is not None else None) or self.kv_cache.block_size)
         fleet = self.fleet

@@ -144,14 +144,17 @@ class DecodeWindowSteps:
             # A blocked queue head is looked up on the CPU tier at every step (after the step's
             # allocations, before its stores), which moves its held keys to the LRU tail; only a step
             # that follows stores can change anything, so the window replays the lookup then.
-            if sched.waiting and nrun < lim.max_num_seqs and lim.max_num_batched_tokens > nrun:
+            # A P/D decode replica's head that is to read its prompt from a prefill replica is not
+            # looked up on the CPU tier (schedule_waiting: the read replaces the lookup).
+            head = sched.waiting.peek() if sched.waiting else None
+            if (head is not None and not head.do_remote_prefill and nrun < lim.max_num_seqs
+                    and lim.max_num_batched_tokens > nrun):
                 # Its lookup is skipped (HIT_PENDING) when it meets a block whose copy is in flight,
                 # and whether it does changes as copies complete and as the window's allocations
                 # evict the head's GPU hits: no window while a copy is in flight, and the window
                 # ends after a step that starts one.
                 if offload.copies_in_flight(clock.times[0]):
                     return False
-                head = sched.waiting.peek()
                 self.head = head
                 self.head_local = kv.get_computed_blocks(head)[1]
                 events.append((0, _LOOKUP, -1))

@@ -136,15 +136,18 @@ class OffloadManager:
                 ready_below = self._first_unready_batch(now_ms)
             runs = self._runs(r, m, full)
             lower = self.lower
-            if lower is not None:
+            if lower is not None and not self.has_host:
                 lower.offer(runs)
-                if not self.has_host:
-                    r.num_stored_offload_blocks = full
-                    continue
+                r.num_stored_offload_blocks = full
+                continue
             new, evicted = store.store(runs, batch, capacity, ready_below)
             if evicted is None:  # vLLM's prepare_store returns None: nothing stored, retried later
                 self.store_skipped_full += new
                 continue
+            if lower is not None:
+                # The chain below is written from host memory: blocks G2 refused reach it when a
+                # later step's retry stores them, once.
+                lower.offer(runs)
             self.total_cpu_evictions += evicted
             self.version += 1
             r.num_stored_offload_blocks = full

@@ -71,9 +71,11 @@ def run_totals(facts: ReplayFacts) -> dict:
         "chunks": recorder.num_chunks,
         "gpu_block_evictions": sum(c.kv_pool.num_evictions for c in cores),
     }
-    if facts.config.host_offload is not None:
-        for key in cores[0].offload.totals():
-            values = [c.offload.totals()[key] for c in cores]
+    # G2 is per replica, and in a disaggregated fleet per pool (one pool may have it, or neither).
+    with_g2 = [c.offload.totals() for c in cores if c.offload is not None]
+    if with_g2:
+        for key in with_g2[0]:
+            values = [t[key] for t in with_g2]
             totals[key] = values[0] if key == "num_cpu_blocks" else sum(values)
     return totals
 

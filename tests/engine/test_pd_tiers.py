@@ -82,3 +82,12 @@ def test_the_tier_must_hold_blocks_decode_would_otherwise_read():
     with pytest.raises(ConfigError, match="fleet.decode.kv_cache.tiers"):
         validate_config({"kv_cache": {"tiers": [disk]},
                          "fleet": {**fleet, "decode": {"replicas": 1, "kv_cache": {"tiers": []}}}}, "cfg.yaml")
+
+
+def test_a_pool_cannot_set_tiers_when_the_fleet_has_none():
+    # Refused with or without top-level tiers: a pool's own tiers were otherwise ignored in silence.
+    disk = {"name": "ssd", "medium": "disk", "num_blocks": 10, "read_gb_per_s": 1.0, "write_gb_per_s": 1.0}
+    fleet = {"mode": "disaggregated", "prefill": {"replicas": 1},
+             "decode": {"replicas": 1, "kv_cache": {"tiers": [disk]}}}
+    with pytest.raises(ConfigError, match="fleet.decode.kv_cache.tiers"):
+        validate_config({"fleet": fleet}, "cfg.yaml")

@@ -1,0 +1,85 @@
+"""G2 where only one pool of a disaggregated fleet has it, and a G2 too full to take every store
+above a tier chain: fast-forward changes nothing, the chain is written once, run.json adds up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from replay.api import prepare_any_trace
+from replay.engine.config import EngineConfig
+from replay.engine.run import replay_prepared
+from replay.engine.run_setup import resolve_setup
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "mooncake_sessions.jsonl"
+
+
+def _replay(tmp_path: Path, name: str, data: dict, **kwargs) -> dict:
+    cfg = EngineConfig.model_validate(data)
+    setup = resolve_setup(cfg)
+    prepared = prepare_any_trace(SAMPLE, cfg, setup)
+    return replay_prepared(prepared, cfg, tmp_path / name, setup=setup, **kwargs).run_info
+
+
+def _pd_decode_g2(decode_replicas: int) -> dict:
+    # A small CPU pool on the decode replicas only: it refuses stores, and its LRU order matters.
+    return {"scheduler": {"max_num_batched_tokens": 256, "max_num_seqs": 8},
+            "kv_cache": {"num_gpu_blocks": 1000}, "load": {"speedup": 3, "max_requests": 150},
+            "fleet": {"mode": "disaggregated", "prefill": {"replicas": 1},
+                      "decode": {"replicas": decode_replicas,
+                                 "host_offload": {"num_cpu_blocks": 300, "d2h_gbps": 2}}}}
+
+
+def test_decode_windows_do_not_look_up_a_head_that_reads_from_prefill(tmp_path):
+    # A decode replica's queue head that will read its prompt from a prefill replica is never looked
+    # up in its G2 (the scheduler does not); a window that did touched the CPU LRU and changed which
+    # blocks it evicted later, and from there every time.
+    data = _pd_decode_g2(2)
+    fast = _replay(tmp_path, "ff", data)
+    _replay(tmp_path, "step", data, fast_forward=False)
+    keys = {"requests": None, "steps": ["pool", "replica", "step"], "chunks": ["replica", "request", "first_step"]}
+    for name, key in keys.items():
+        a, b = (pd.read_parquet(tmp_path / d / f"{name}.parquet") for d in ("ff", "step"))
+        if key:
+            a, b = (x.sort_values(key).reset_index(drop=True) for x in (a, b))
+        pd.testing.assert_frame_equal(a, b, obj=name)
+    assert fast["totals"]["cpu_store_skipped_full"] > 0  # the CPU pool was full at times
+
+
+def test_g2_totals_count_the_pool_that_has_it(tmp_path):
+    # G2 on the decode pool only (no top-level host_offload): run.json still adds up its stores.
+    info = _replay(tmp_path, "d", _pd_decode_g2(1))
+    steps = pd.read_parquet(tmp_path / "d" / "steps.parquet")
+    assert info["totals"]["bytes_stored"] == int(steps.bytes_stored.sum()) > 0
+    assert info["totals"]["num_cpu_blocks"] == 300
+
+
+def test_a_prefill_pool_without_g2_beside_a_decode_pool_with_it(tmp_path):
+    # host_offload at the top, turned off for the prefill pool: core 0 (a prefill replica) has no G2.
+    data = {"kv_cache": {"num_gpu_blocks": 1000}, "host_offload": {"num_cpu_blocks": 300},
+            "load": {"max_requests": 30},
+            "fleet": {"mode": "disaggregated", "prefill": {"replicas": 1, "host_offload": False},
+                      "decode": {"replicas": 2}}}
+    info = _replay(tmp_path, "pd", data)
+    assert info["totals"]["finished"] == 30
+    assert info["totals"]["cpu_blocks_stored"] > 0
+    assert json.loads((tmp_path / "pd" / "run.json").read_text())["totals"] == info["totals"]
+
+
+def test_a_store_g2_refuses_reaches_the_chain_once(tmp_path):
+    # A CPU pool so small and slow that it refuses most stores (they are retried at later steps),
+    # above a write-through tier: each block is written to the tier once, when G2 takes it, not
+    # once per refused attempt (which queued millions of writes and ran the link past 100%).
+    data = {"scheduler": {"max_num_batched_tokens": 256, "max_num_seqs": 8},
+            "kv_cache": {"num_gpu_blocks": 900, "tiers": [
+                {"name": "pool", "medium": "remote", "scope": "replica", "num_blocks": 3000,
+                 "read_gb_per_s": 2, "write_gb_per_s": 2, "latency_ms": 1.0}]},
+            "host_offload": {"num_cpu_blocks": 300, "d2h_gbps": 1, "h2d_gbps": 1},
+            "load": {"max_requests": 60}}
+    info = _replay(tmp_path, "t", data)
+    tier = info["kv_tiers"][0]
+    assert info["totals"]["cpu_store_skipped_full"] > 0
+    assert tier["blocks_written"] <= info["totals"]["cpu_blocks_stored"]
+    assert tier["link_utilization"]["write"] <= 1.0
