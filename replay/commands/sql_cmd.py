@@ -12,8 +12,10 @@ from rich.table import Table
 from replay.base.errors import ReplayError
 from replay.commands._common import console, user_errors
 
-VIEWS_HELP = ("One SELECT; it can read the run's files only (docs/reports.md). Views: requests, chunks, steps (the replay output), trace (the replayed trace), itl_gaps "
-              "(one ITL sample per chunk), run_window (the measured window). On a sweep directory: sweep, plan, and "
+VIEWS_HELP = ("One SELECT; it can read the run's files only (docs/reports.md). Views: requests, chunks, steps (the "
+              "replay output), chunk_runs (chunks as stored: runs of steps), trace (the replayed trace), itl_gaps "
+              "(one ITL sample per chunk), itl_counts (ITL samples per value), run_window (the measured window), "
+              "scaling (autoscaler decisions, when the run has them). On a sweep directory: sweep, plan, and "
               "requests/steps across runs with a config column.")
 
 
