@@ -82,8 +82,9 @@ def _metadata(path: Path, info: ReaderInfo, progress: Progress, sha: str, shift:
     )
 
 
-def _warnings(progress: Progress, skipped: dict[str, int] | None = None) -> list[str]:
-    out = []
+def _warnings(progress: Progress, skipped: dict[str, int] | None = None,
+              from_reader: list[str] | None = None) -> list[str]:
+    out = list(from_reader or [])  # what the reader found about the file as a whole comes first
     if skipped_text(skipped or {}):
         out.append(skipped_text(skipped or {}))
     if progress.rows_out_of_order:
@@ -151,7 +152,7 @@ def convert(source: str | Path, dest: str | Path, *, format: str | None = None, 
         side_file=side if progress.rejections else None,
         metadata=meta,
         dest=dest,
-        warnings=_warnings(progress, reader.skipped),
+        warnings=_warnings(progress, reader.skipped, reader.warnings),
         skipped=dict(reader.skipped),
     )
 

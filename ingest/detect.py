@@ -1,12 +1,17 @@
 """Pick a reader: ``--format NAME``, or auto-detection from the file name and its first record.
 
-Detection reads column names (CSV header, keys of the first JSON line), never positions. When
-nothing matches, the error lists what was found and how to map it with the generic readers.
+Detection reads column names (CSV header, keys of the first JSON line), never positions. A page
+of a tool's API (``{"data": [...], "meta": ...}``: Langfuse's observations, Helicone's query API)
+is read by its first record, on one line or pretty-printed alike. When nothing matches, the error
+lists what was found and how to map it with the generic readers.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from typing import Any
 
 from replay.base.errors import TraceError
 
@@ -71,6 +76,9 @@ def detect_format(path: str | Path, opts: IngestOptions | None = None) -> str:
                          "give --format", path=str(path), line=1)
     keys = set(record)
     logs = detect_log_format(record)
+    page = page_record(record)
+    if logs is None and page is not None:
+        logs = detect_log_format(page)
     if logs is not None:
         return logs
     if {"chat_id", "parent_chat_id"} <= keys:
@@ -81,8 +89,17 @@ def detect_format(path: str | Path, opts: IngestOptions | None = None) -> str:
         return "requests"
     if opts.mapping:
         return "jsonl"
-    raise TraceError(f"unrecognised JSON fields {sorted(keys)}; give --format, or --format jsonl with --map flags",
+    what = f"{sorted(page)} (of the first record under 'data')" if page is not None else str(sorted(keys))
+    raise TraceError(f"unrecognised JSON fields {what}; give --format, or --format jsonl with --map flags",
                      path=str(path), line=1)
+
+
+def page_record(doc: Any) -> dict | None:
+    """The first record of a page of a tool's API (``{"data": [{...}, ...], ...}``), else None."""
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        return data[0]
+    return None
 
 
 def detect_log_format(record: dict) -> str | None:
@@ -146,22 +163,40 @@ def _peek_keys(path: Path) -> str | None:
     if not stripped.startswith(("{", "[")):
         return None
     if len(head) < _PEEK_BYTES:
-        import json
-
         try:
             doc = json.loads(head)
         except ValueError:
             doc = None
-        if isinstance(doc, dict) and isinstance(doc.get("data"), list) and doc["data"]:
-            doc = doc["data"]  # a page of a tool's API ({"data": [...], "meta": ...})
+        whole = detect_log_format(doc) if isinstance(doc, dict) else None
+        doc = page_record(doc) or doc
         if isinstance(doc, list) and doc and isinstance(doc[0], dict):
             doc = doc[0]
         if isinstance(doc, dict):
-            return detect_log_format(doc)
+            return whole or detect_log_format(doc)
+    else:
+        page = _first_page_record(head)
+        found = detect_log_format(page) if page is not None else None
+        if found is not None:
+            return found
     if stripped.startswith("[") and all(f'"{k}"' in head for k in ("start_time", "end_time", "request", "info")):
         return "inference-perf"
     found = {fmt for marker, fmt in _PEEK_MARKERS if marker in head}
     return found.pop() if len(found) == 1 else None
+
+
+_PAGE_START = re.compile(r'\s*\{\s*"data"\s*:\s*\[\s*')
+
+
+def _first_page_record(head: str) -> dict | None:
+    """The first record of an API page too large to parse whole, when it opens the document."""
+    opening = _PAGE_START.match(head.lstrip("\ufeff"))
+    if opening is None:
+        return None
+    try:
+        record, _ = json.JSONDecoder().raw_decode(head.lstrip("\ufeff"), opening.end())
+    except ValueError:  # the first record does not end within the peek
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def make_reader(path: Path, opts: IngestOptions) -> Reader:

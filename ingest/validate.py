@@ -31,6 +31,13 @@ _MEASURED_GAPS = tuple(f.name for f in MEASURED_FIELDS if pa.types.is_list(f.typ
 _E2E_SLACK_MS = 1e-3
 
 
+def zero_output_reason(failed_as: str) -> str:
+    """Why a zero output is refused, in the words of the format's own failure marker."""
+    if failed_as:
+        return f"zero output tokens: a failed request ({failed_as}); --drop-failed drops and counts failed requests"
+    return "zero output tokens (a failed request?); --drop-failed drops and counts failed requests"
+
+
 def block_size_hint(input_tokens: int, n_ids: int) -> str:
     """Which block sizes would make ``n_ids`` ids fit ``input_tokens`` tokens."""
     if n_ids == 0:
@@ -123,8 +130,7 @@ def validate(staged: pa.Table, info: ReaderInfo, drop_failed: bool = False) -> t
         if drop_failed:
             dropped_mask = zero
         else:
-            probs.add(zero, name("output_tokens"),
-                      lambda i: "zero output tokens (a failed request? BurstGPT: use --drop-failed)")
+            probs.add(zero, name("output_tokens"), lambda i: zero_output_reason(info.failed_as))
         probs.add(out_valid & (out_vals > _INT32_MAX), name("output_tokens"),
                   lambda i: f"length {out_vals[i]} does not fit int32")
 

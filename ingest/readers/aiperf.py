@@ -47,6 +47,7 @@ class AiperfReader(RecordReader):
             notes=["aiperf per-request records; arrivals from request_start_ns",
                    "measured_tpot_ms = aiperf inter_token_latency; measured_itl_ms = inter_chunk_latency"],
             extra_columns=_EXTRAS, source_run={"tool": "aiperf"},
+            failed_as="the record has an 'error', or metadata.was_cancelled",
         )
 
     def _row(self, obj: dict) -> dict[str, Any]:

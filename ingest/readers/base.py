@@ -61,6 +61,9 @@ class ReaderInfo:
     extra_columns: tuple[str, ...] = ()  # optional canonical columns this reader fills (measured_*, labels)
     source_run: dict | None = None  # how the source run was driven (load mode, rate, model), when known
     no_timestamps: bool = False  # the source has no arrival times (arrivals are 0: replay with a load mode)
+    # How the source marks a failed request (its output length is then 0), for the zero-output
+    # message: "status.code 2 (an error span)" tells an OTel user what BurstGPT's wording would not.
+    failed_as: str = ""
 
 
 class Reader:
@@ -78,10 +81,18 @@ class Reader:
         # benchmark's warm-up...): filled while ``batches`` runs, reported by the ingest, so that a
         # file read as "no rows" says what it skipped.
         self.skipped: dict[str, int] = {}
+        # What the user must know about the file as a whole (a sampled report, prompt bodies that
+        # could not be read): shown by ``replay ingest`` beside the skipped and rejected counts.
+        self.warnings: list[str] = []
 
     def skip(self, reason: str, count: int = 1) -> None:
         """Count ``count`` source records left out for ``reason`` (not an error: not a request)."""
         self.skipped[reason] = self.skipped.get(reason, 0) + count
+
+    def warn(self, text: str) -> None:
+        """Say ``text`` once at the end of the ingest (the rows are still written)."""
+        if text not in self.warnings:
+            self.warnings.append(text)
 
     def info(self) -> ReaderInfo:
         raise NotImplementedError

@@ -10,6 +10,7 @@ mode. The run's settings (backend, model, request rate, max concurrency, spec-de
 which vLLM reads from the server's Prometheus counters for the whole run) are kept as
 ``source_run``. Failed requests have output length 0: ``--drop-failed`` drops and counts them.
 ``request_ids`` (written by ``replay export``, not by vLLM) names the requests when present.
+Several runs appended to one file are read run by run, each labelled ``source_run``.
 """
 
 from __future__ import annotations
@@ -39,45 +40,104 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def run_label(run: dict) -> str:
+    """``rate@4.00``, ``rate@inf``, ``rate@inf,concurrency@8``: the run's load, as ``--where`` names it."""
+    rate = run.get("request_rate")
+    try:
+        value = float(rate) if rate is not None else float("inf")
+    except (TypeError, ValueError):
+        value = None
+    label = "rate@?" if value is None else "rate@inf" if value == float("inf") else f"rate@{value:.2f}"
+    if run.get("max_concurrency") is not None:
+        label += f",concurrency@{run['max_concurrency']}"
+    return label
+
+
 class BenchResultReader(RecordReader):
-    """Common parsing of per-request arrays; subclasses name the tool."""
+    """Common parsing of per-request arrays; subclasses name the tool.
+
+    A file may hold several runs, one JSON object per line: ``vllm bench serve --append-result``
+    (vLLM's vllm/benchmarks/serve.py opens the result file with mode ``a+``) and SGLang's
+    ``bench_serving`` append each run. Each run's requests are then labelled ``source_run``
+    (``run_label``; ``--where source_run=...`` keeps one), as a GuideLLM sweep's benchmarks are.
+    """
 
     tool: ClassVar[str] = ""
 
     def __init__(self, path, opts) -> None:
         super().__init__(path, opts)
         doc = load_json_document(self.path)
-        if isinstance(doc, list):
-            if len(doc) != 1:
-                raise TraceError(f"{len(doc)} benchmark runs in one file (one per line); keep the run to "
-                                 "compare in a file of its own", path=str(self.path))
-            doc = doc[0]
-        if not isinstance(doc, dict) or not isinstance(doc.get("input_lens"), list):
-            raise TraceError(f"not a {self.tool} result with per-request details (no 'input_lens' array; "
-                             "run the benchmark with its detailed-output flag)", path=str(self.path))
-        self.doc = doc
-        n = len(doc["input_lens"])
-        for key in ("output_lens", "ttfts", "itls", "latencies", "start_times", "errors", "request_ids"):
-            if doc.get(key) is not None and (not isinstance(doc[key], list) or len(doc[key]) != n):
-                raise TraceError(f"'{key}' has {len(doc[key]) if isinstance(doc[key], list) else 'no'} entries "
-                                 f"but 'input_lens' has {n}", path=str(self.path), field=key)
-        self.timed = isinstance(doc.get("start_times"), list)
+        docs = doc if isinstance(doc, list) else [doc]
+        if not docs:
+            raise TraceError(f"not a {self.tool} result: the file holds no run", path=str(self.path))
+        self.runs: list[tuple[str, dict]] = []
+        seen: dict[str, int] = {}
+        for k, run in enumerate(docs, start=1):
+            where = f" (run {k} of {len(docs)})" if len(docs) > 1 else ""
+            if not isinstance(run, dict) or not isinstance(run.get("input_lens"), list):
+                raise TraceError(f"not a {self.tool} result with per-request details{where} (no 'input_lens' "
+                                 "array; run the benchmark with its detailed-output flag)", path=str(self.path))
+            n = len(run["input_lens"])
+            for key in ("output_lens", "ttfts", "itls", "latencies", "start_times", "errors", "request_ids"):
+                if run.get(key) is not None and (not isinstance(run[key], list) or len(run[key]) != n):
+                    raise TraceError(f"'{key}' has {len(run[key]) if isinstance(run[key], list) else 'no'} entries "
+                                     f"but 'input_lens' has {n}{where}", path=str(self.path), field=key)
+            label = run_label(run)
+            seen[label] = seen.get(label, 0) + 1
+            self.runs.append((label if seen[label] == 1 else f"{label}#{seen[label]}", run))
+        self.several = len(self.runs) > 1
+        self.timed = all(isinstance(run.get("start_times"), list) for _, run in self.runs)
+        if self.several and self.timed:
+            self._overlap()
+
+    def _chosen(self) -> list[tuple[str, dict]]:
+        wanted = (self.opts.where or {}).get("source_run")
+        return [(label, run) for label, run in self.runs if wanted is None or label == wanted]
+
+    def _overlap(self) -> None:
+        """Appended runs ran one after the other: start times that overlap come from clocks that
+        cannot be compared (each run's ``perf_counter``, on other machines or boots)."""
+        spans = []
+        for label, run in self._chosen():
+            times = [t for t in run["start_times"] if isinstance(t, int | float) and not isinstance(t, bool)]
+            if times:
+                spans.append((min(times), max(times), label))
+        spans.sort()
+        for (_, end, a), (start, _, b) in zip(spans, spans[1:], strict=False):
+            if start <= end:
+                self.warn(f"the runs {a} and {b} overlap in time (each run's start_times are its own process's "
+                          "perf_counter): replayed together they are not the load either run had; replay one "
+                          f"at a time with --where source_run={a}")
+                return
 
     def info(self) -> ReaderInfo:
-        run = {"tool": self.tool, **{k: _finite(self.doc[k]) for k in _RUN_KEYS if k in self.doc}}
+        chosen = self._chosen()
+        settings = [{k: _finite(run[k]) for k in _RUN_KEYS if k in run} for _, run in chosen]
+        run: dict[str, Any] = {"tool": self.tool}
+        if len(settings) == 1:  # one run: its settings are the run's (validate compares them)
+            run.update(settings[0])
+        if self.several:
+            run["benchmarks"] = [{"source_run": label, **kv} for (label, _), kv in zip(chosen, settings, strict=True)]
+            models = {kv.get("model_id") for kv in settings}
+            if len(models) == 1 and None not in models:
+                run["model_id"] = models.pop()
         notes = [f"{self.tool} per-request arrays; times converted from s to ms",
                  "TPOT = (E2E - TTFT) / (output - 1), as the tool computes it"]
+        if self.several:
+            notes.append(f"{len(self.runs)} runs appended in one file: source_run = rate@REQUEST_RATE"
+                         "[,concurrency@MAX_CONCURRENCY] of each run")
         if not self.timed:
             notes.append("no per-request start times: arrivals are 0, replay with load.mode concurrency or poisson")
         return ReaderInfo(
             source_format=self.name, time_unit="s", rebase=True, wallclock=False, hash_block_size=None,
-            prefix_identity="absent", hash_ids_required=False, generated_ids="request_ids" not in self.doc,
+            prefix_identity="absent", hash_ids_required=False,
+            generated_ids=not any("request_ids" in r for _, r in self.runs),
             field_names={"t_ms": "start_times", "input_tokens": "input_lens", "output_tokens": "output_lens"},
-            notes=notes, extra_columns=_EXTRAS, source_run=run, no_timestamps=not self.timed,
+            notes=notes, extra_columns=_EXTRAS + (("source_run",) if self.several else ()), source_run=run,
+            no_timestamps=not self.timed, failed_as="its 'errors' entry is set",
         )
 
-    def _row(self, i: int) -> dict[str, Any]:
-        d = self.doc
+    def _row(self, d: dict, i: int) -> dict[str, Any]:
         error = (d.get("errors") or [None] * (i + 1))[i]
         out = number(d["output_lens"][i], f"output_lens[{i}]", integer=True) if d.get("output_lens") else None
         row: dict[str, Any] = {
@@ -114,11 +174,20 @@ class BenchResultReader(RecordReader):
         return row
 
     def items(self) -> Iterator[Item]:
-        for i in range(len(self.doc["input_lens"])):
-            try:
-                yield Item(i, None, self._row(i))
-            except Bad as bad:
-                yield self.reject(i, None, bad)
+        k = -1  # record index over the whole file: request k of every run in turn
+        for label, run in self.runs:
+            for i in range(len(run["input_lens"])):
+                k += 1
+                try:
+                    row = self._row(run, i)
+                except Bad as bad:
+                    if self.several:
+                        bad = Bad(bad.field, f"{bad.reason} (run {label})")
+                    yield self.reject(k, None, bad)
+                    continue
+                if self.several:
+                    row["source_run"] = label
+                yield Item(k, None, row)
 
 
 class VllmBenchReader(BenchResultReader):

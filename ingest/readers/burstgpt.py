@@ -42,6 +42,7 @@ class BurstGPTReader(Reader):
                          "session_id": "Session ID"},
             notes=["no prefix data in the source (reuse unknown, not zero)",
                    "Model, Log Type and Elapsed time are not carried over"],
+            failed_as="BurstGPT logs a failure with 'Response tokens' 0",
         )
 
     def batches(self) -> Iterator[Staged]:

@@ -6,12 +6,19 @@ No prompt text is hashed (exports often omit or truncate it): prefix identity is
 
 | tool | arrival | TTFT | E2E | tokens | cached | labels |
 |---|---|---|---|---|---|---|
-| LiteLLM ``LiteLLM_SpendLogs`` | ``startTime`` | ``completionStartTime - startTime`` | ``endTime - startTime`` | ``prompt_tokens``, ``completion_tokens`` | ``metadata.usage_object.prompt_tokens_details.cached_tokens`` | ``model``, ``team_id``/``user``/``end_user`` -> tenant, ``call_type`` -> request_type, ``session_id`` |
+| LiteLLM ``LiteLLM_SpendLogs`` | ``startTime`` | ``completionStartTime - startTime`` (none when it equals ``endTime``) | ``endTime - startTime`` | ``prompt_tokens``, ``completion_tokens`` | ``metadata.usage_object.prompt_tokens_details.cached_tokens`` | ``model``, ``team_id``/``user``/``end_user`` -> tenant, ``call_type`` -> request_type, ``session_id`` |
 | Langfuse observations | ``startTime`` | ``completionStartTime - startTime`` (or ``timeToFirstToken`` s) | ``endTime - startTime`` (or ``latency`` s) | ``usageDetails.input``/``output`` (or ``usage``, ``promptTokens``) | ``usageDetails.input_cached_tokens``/``cache_read_input_tokens`` | ``model``, ``userId`` -> tenant, ``name`` -> request_type, ``sessionId`` (else ``traceId``) |
 | Helicone requests | ``request_created_at`` | ``time_to_first_token`` ms | ``delay_ms`` (else ``response_created_at - request_created_at``) | ``prompt_tokens``, ``completion_tokens`` | ``prompt_cache_read_tokens`` | ``model``, ``request_user_id`` -> tenant, ``request_path`` -> request_type |
 
 Failed requests (LiteLLM ``status: failure``, Langfuse ``level: ERROR``, Helicone
 ``response_status`` >= 400) get output length 0 (``--drop-failed`` drops and counts them).
+
+LiteLLM writes ``completionStartTime = endTime`` when a response was not streamed (LiteLLM's
+``litellm_core_utils/litellm_logging.py`` sets the completion start to the end time when no chunk
+set it): for a request of more than one output token that is no first-token time, so TTFT and
+TPOT stay empty and E2E is kept. Langfuse observations of other types than ``GENERATION``
+(``SPAN``, ``EVENT``, and the agent, tool and retriever types of recent versions) are not model
+calls: they are skipped and counted, as are the spans of other operations in request spans.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ class GatewayReader(RecordReader):
 
     fields: ClassVar[dict[str, str]] = {}
     tool: ClassVar[str] = ""
+    failed_as: ClassVar[str] = ""  # the tool's failure marker, named when a zero output is refused
+    notes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, path, opts) -> None:
         super().__init__(path, opts)
@@ -58,8 +67,9 @@ class GatewayReader(RecordReader):
         return ReaderInfo(
             source_format=self.name, time_unit="iso", rebase=True, wallclock=True, hash_block_size=None,
             prefix_identity="absent", hash_ids_required=False, field_names=dict(self.fields),
-            notes=[f"{self.tool} export: recorded token counts and times; TPOT = (E2E - TTFT) / (output - 1)"],
-            extra_columns=_EXTRAS, source_run={"tool": self.tool},
+            notes=[f"{self.tool} export: recorded token counts and times; TPOT = (E2E - TTFT) / (output - 1)",
+                   *self.notes],
+            extra_columns=_EXTRAS, source_run={"tool": self.tool}, failed_as=self.failed_as,
         )
 
     def _fields(self, obj: dict) -> dict[str, Any]:
@@ -90,6 +100,9 @@ def _start_ms(obj: dict, key: str) -> float:
 class LiteLLMReader(GatewayReader):
     name = "litellm"
     tool = "LiteLLM spend logs"
+    failed_as = "status 'failure'"
+    notes = ("completionStartTime equal to endTime (a response that was not streamed) is no first-token "
+             "time: TTFT and TPOT left empty for such requests of more than one output token",)
     fields = {"t_ms": "startTime", "input_tokens": "prompt_tokens", "output_tokens": "completion_tokens",
               "request_id": "request_id", "session_id": "session_id"}
 
@@ -98,6 +111,9 @@ class LiteLLMReader(GatewayReader):
         end = iso_ms(obj.get("endTime"), "endTime")
         first_tok = iso_ms(obj.get("completionStartTime"), "completionStartTime")
         failed = str(obj.get("status") or "success").lower() == "failure"
+        n_out = 0 if failed else number(obj.get("completion_tokens"), "completion_tokens", integer=True)
+        if first_tok is not None and first_tok == end and (n_out or 0) > 1:
+            first_tok = None  # not streamed: LiteLLM logs the end time as the completion start
         meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
         cached, where = first(meta, "usage_object.prompt_tokens_details.cached_tokens",
                               "usage_object.cache_read_input_tokens")
@@ -105,8 +121,7 @@ class LiteLLMReader(GatewayReader):
         return {"request_id": _sid(obj.get("request_id")), "session_id": _sid(obj.get("session_id")),
                 "t_ms": round(start),
                 "input_tokens": number(obj.get("prompt_tokens"), "prompt_tokens", integer=True),
-                "output_tokens": 0 if failed else number(obj.get("completion_tokens"), "completion_tokens",
-                                                         integer=True),
+                "output_tokens": n_out,
                 "measured_ttft_ms": duration_ms(start, first_tok, "completionStartTime"),
                 "measured_e2e_ms": duration_ms(start, end, "endTime"),
                 "measured_cached_tokens": number(cached, f"metadata.{where}", integer=True),
@@ -116,6 +131,7 @@ class LiteLLMReader(GatewayReader):
 class LangfuseReader(GatewayReader):
     name = "langfuse"
     tool = "Langfuse observations"
+    failed_as = "level 'ERROR'"
     fields = {"t_ms": "startTime", "input_tokens": "usageDetails.input", "output_tokens": "usageDetails.output",
               "request_id": "id", "session_id": "sessionId"}
 
@@ -139,10 +155,20 @@ class LangfuseReader(GatewayReader):
                 "measured_cached_tokens": number(cached, f_c, integer=True),
                 "model": obj.get("model"), "tenant": _sid(obj.get("userId")), "request_type": obj.get("name")}
 
+    def items(self) -> Iterator[Item]:
+        """Generations only: a span or event observation wraps or annotates model calls, it is none."""
+        for i, obj in enumerate(self.doc):
+            kind = obj.get("type") if isinstance(obj, dict) else None
+            if isinstance(kind, str) and kind.upper() != "GENERATION":
+                self.skip(f"observations of type {kind.upper()}, not model generations")
+                continue
+            yield from self.each([(i, None, obj)])
+
 
 class HeliconeReader(GatewayReader):
     name = "helicone"
     tool = "Helicone requests"
+    failed_as = "response_status 400 or more"
     fields = {"t_ms": "request_created_at", "input_tokens": "prompt_tokens", "output_tokens": "completion_tokens",
               "request_id": "request_id"}
 

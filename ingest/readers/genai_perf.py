@@ -86,6 +86,7 @@ class GenaiPerfReader(RecordReader):
             field_names={"t_ms": "timestamp", "input_tokens": "request_inputs.payload",
                          "output_tokens": "response_outputs", "hash_ids": "request_inputs.payload"},
             notes=notes, extra_columns=_EXTRAS, source_run=run,
+            failed_as="no streamed text in its response_outputs",
         )
 
     def _row(self, req: dict) -> dict[str, Any]:

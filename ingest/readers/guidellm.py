@@ -11,7 +11,9 @@ Per request, 0.3 writes flat fields (``start_time``, ``first_token_time``, ``las
 the times are under ``info.timings`` (``request_start``, ``first_token_iteration``,
 ``last_token_iteration``, ``request_end``), the counts are computed fields written beside them
 (``prompt_tokens``, ``output_tokens``, ``cached_tokens`` in recent versions) and the request body is
-``request_args``, a Python ``repr`` of ``{"body": {"messages" | "prompt": ...}}``. Arrival =
+``request_args``: ``{"body": {"messages" | "prompt": ...}}`` as JSON from 0.6 (``model_dump_json()``
+in GuideLLM's backends/openai/request_handlers.py), as a Python ``repr`` (``str(model_dump())``) in
+0.4-0.5; it is read as JSON first, then as a Python literal. Arrival =
 request start (epoch s, rebased over the whole file, so a sweep replays its benchmarks in the order
 they ran). TTFT = first token - start, E2E = end - start, ITL (GuideLLM's, the mean gap) =
 (last - first token) / (output tokens - 1); TPOT is vLLM's (E2E - TTFT) / (output - 1). GuideLLM
@@ -23,11 +25,17 @@ text, when the report kept it, is chain-hashed into prefix ids (``--block-size``
 the recorded prompt token count wins over the tokenizer's. Errored requests (and incomplete ones
 that received no token) have output length 0, so ``--drop-failed`` drops and counts them; an
 incomplete request keeps the tokens it received and its TTFT (it loaded the server).
+
+Two things the ingest says rather than hides: request bodies that cannot be read (no prompt text,
+so no prefix ids), and a sampled report (``--sample-requests N`` keeps a reservoir sample of each
+benchmark's requests while ``request_totals`` counts all that ran): its timestamps replay a
+lighter load than the one its latencies were measured under.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -83,10 +91,7 @@ def prompt_text(req: dict) -> tuple[str | None, str]:
     args = req.get("request_args")
     if not isinstance(args, str) or not args.strip() or args.strip() == "None":
         return None, "request_args"
-    try:
-        parsed = ast.literal_eval(args)
-    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
-        raise Bad("request_args", "not a readable request body") from None
+    parsed = request_args(args)
     body = parsed.get("body") if isinstance(parsed, dict) else None
     if not isinstance(body, dict):
         return None, "request_args"
@@ -94,6 +99,29 @@ def prompt_text(req: dict) -> tuple[str | None, str]:
     if value is None:
         return None, "request_args"
     return text_of(value, f"request_args.body.{where}"), f"request_args.body.{where}"
+
+
+def request_args(text: str) -> Any:
+    """The ``request_args`` object: JSON (0.6+, ``true``/``null``), else a Python literal (0.4-0.5)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        raise Bad("request_args", "not a readable request body (neither JSON nor a Python literal)") from None
+
+
+def request_totals(bench: dict) -> int | None:
+    """How many requests the benchmark ran (``metrics.request_totals``; 0.3: ``request_totals``)."""
+    totals, _ = first(bench, "metrics.request_totals", "request_totals")
+    if not isinstance(totals, dict):
+        return None
+    counts = {key: value for key, value in totals.items() if isinstance(value, int) and not isinstance(value, bool)}
+    if "total" in counts:
+        return counts["total"]
+    return sum(counts[s] for s in STATUSES) if all(s in counts for s in STATUSES) else None
 
 
 def _time(req: dict, flat: str, nested: str) -> float | None:
@@ -129,8 +157,44 @@ class GuideLLMReader(RecordReader):
             raise TraceError(f"no successful request in any benchmark ({counts['errored']} errored, "
                              f"{counts['incomplete']} incomplete): the report holds no latencies to compare"
                              + detail, path=str(self.path), field="benchmarks.requests.successful")
-        self.has_text = any(prompt_text_safe(r) for _, b in self.benches for r in self._requests(b, "successful")[:1])
+        probes = [prompt_state(r) for _, b in self.benches for r in self._requests(b, "successful")[:1]]
+        self.has_text = "text" in probes
         self.text = TextIds(opts.tokenizer, opts.block_size or DEFAULT_BLOCK_SIZE) if self.has_text else None
+        self.report_notes: list[str] = []
+        if not self.has_text and "unreadable" in probes:
+            self._unreadable_bodies()
+        self._sampling()
+
+    def _chosen(self) -> list[tuple[str, dict]]:
+        """The benchmarks ``--where source_run=...`` keeps (all without it)."""
+        wanted = (self.opts.where or {}).get("source_run")
+        return [(label, b) for label, b in self.benches if wanted is None or label == wanted]
+
+    def _unreadable_bodies(self) -> None:
+        """Say that the prompts were there but could not be read (else prefix identity is silently absent)."""
+        reqs = [r for _, b in self.benches for s in STATUSES for r in self._requests(b, s)]
+        n = sum(prompt_state(r) == "unreadable" for r in reqs)
+        text = (f"request_args of {n:,} request{'s' if n != 1 else ''} could not be read (neither JSON nor a "
+                "Python literal): no prompt text, so no prefix ids (prefix identity absent)")
+        self.report_notes.append(text)
+        self.warn(text)
+
+    def _sampling(self) -> None:
+        """Say when the report kept a sample of the requests that ran (``--sample-requests``)."""
+        kept = ran = 0
+        for _, bench in self._chosen():
+            total = request_totals(bench)
+            here = sum(len(self._requests(bench, s)) for s in STATUSES)
+            kept, ran = kept + here, ran + (here if total is None else max(total, here))
+        if ran <= kept:
+            return
+        sample = dig(self.benches[0][1], "config.sample_requests")
+        flag = f"--sample-requests {sample}" if isinstance(sample, int) else "--sample-requests"
+        text = (f"sampled report (GuideLLM {flag}): it keeps {kept:,} of the {ran:,} requests that ran; "
+                "replayed at their recorded times they are a much lighter load than the one their latencies "
+                "were measured under (compare with care, or replay with a load mode at the run's rate)")
+        self.report_notes.append(text)
+        self.warn(text)
 
     @staticmethod
     def _requests(bench: dict, status: str) -> list:
@@ -144,8 +208,7 @@ class GuideLLMReader(RecordReader):
         return value if isinstance(value, str) else None
 
     def info(self) -> ReaderInfo:
-        wanted = (self.opts.where or {}).get("source_run")
-        chosen = [(label, b) for label, b in self.benches if wanted is None or label == wanted]
+        chosen = self._chosen()
         runs = [{"source_run": label, **run_settings(strategy_of(b))} for label, b in chosen]
         run: dict[str, Any] = {"tool": "guidellm", "version": dig(self.doc, "metadata.guidellm_version"),
                                "benchmarks": runs}
@@ -159,6 +222,7 @@ class GuideLLMReader(RecordReader):
         if self.text is not None:
             notes.append("prompt text chain-hashed into prefix ids; recorded prompt_tokens win")
             notes += self.text.notes()
+        notes += self.report_notes
         return ReaderInfo(
             source_format=self.name, time_unit="s", rebase=True, wallclock=True,
             hash_block_size=self.text.block_size if self.text else None,
@@ -167,6 +231,7 @@ class GuideLLMReader(RecordReader):
             field_names={"t_ms": "start_time/info.timings.request_start", "input_tokens": "prompt_tokens",
                          "output_tokens": "output_tokens", "request_id": "request_id", "hash_ids": "prompt"},
             notes=notes, extra_columns=_EXTRAS, source_run=run,
+            failed_as="in requests.errored, or in requests.incomplete without a first token",
         )
 
     def _row(self, req: dict, status: str = "successful", label: str = "", model: str | None = None) -> dict:
@@ -228,11 +293,12 @@ class GuideLLMReader(RecordReader):
                         yield self.reject(k, None, bad, req)
 
 
-def prompt_text_safe(req: Any) -> bool:
-    """Whether a request carries prompt text (problems are reported when the row is read)."""
+def prompt_state(req: Any) -> str:
+    """``text`` when a request carries prompt text, ``none`` when it has none, ``unreadable`` when its
+    body cannot be read (a row's own problem is reported when the row is read)."""
     if not isinstance(req, dict):
-        return False
+        return "none"
     try:
-        return prompt_text(req)[0] is not None
+        return "none" if prompt_text(req)[0] is None else "text"
     except Bad:
-        return False
+        return "unreadable"

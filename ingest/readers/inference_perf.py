@@ -96,6 +96,7 @@ class InferencePerfReader(RecordReader):
                          "output_tokens": "info.response_metrics.output_tokens", "hash_ids": "request"},
             notes=notes, extra_columns=_EXTRAS,
             source_run={"tool": "inference-perf", **({"model_id": self.model} if self.model else {})},
+            failed_as="the request has an 'error'",
         )
 
     def _row(self, req: dict) -> dict[str, Any]:

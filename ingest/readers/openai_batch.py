@@ -75,6 +75,7 @@ class OpenAIBatchOutputReader(_BatchReader):
             notes=["recorded usage counts from response.body.usage; no prompt text, so no prefix identity",
                    "no arrival times in a batch file: arrivals are 0, replay with a load mode"],
             extra_columns=("measured_cached_tokens", "model"), no_timestamps=True,
+            failed_as="the line has an 'error', or a response status_code other than 200",
         )
 
     def _row(self, obj: dict) -> dict[str, Any]:

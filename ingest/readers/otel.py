@@ -142,6 +142,8 @@ class OtelReader(RecordReader):
             notes=["request spans (those with an input token count); vLLM's gen_ai.latency.* kept as measured "
                    "TTFT, queue, prefill and decode times; E2E = gen_ai.latency.e2e, else the span duration"],
             extra_columns=_EXTRAS, source_run={"tool": "opentelemetry"},
+            failed_as=("an error span: Jaeger tag error or otel.status_code ERROR" if self.shape == "jaeger"
+                       else "an error span: status.code 2"),
         )
 
     def _row(self, span: Span) -> dict[str, Any]:
