@@ -9,17 +9,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from replay.commands._common import console, err_console, user_errors
+from replay.ingest.formats import format_help
 
 
 def register(app: typer.Typer) -> None:
     @app.command("ingest")
     def ingest(
-        source: Path = typer.Argument(..., help="Trace file: Mooncake/Bailian/request-log JSONL, Azure/BurstGPT CSV, "
-                                                "or generic CSV/JSONL with --map."),
+        source: Path = typer.Argument(..., help="Trace file: a public trace (Mooncake, Bailian, Azure, BurstGPT), a "
+                                                "benchmark export or gateway log (docs/trace-schema.md), or generic "
+                                                "CSV/JSONL with --map."),
         output: Path = typer.Option(None, "--output", "-o", help="Canonical Parquet trace to write "
                                                                  "(default: ./<source name>.parquet)."),
-        format: str = typer.Option(None, "--format", "-f", help="mooncake, bailian, azure, burstgpt, requests, "
-                                                               "csv, jsonl (default: auto-detect)."),
+        format: str = typer.Option(None, "--format", "-f", help=format_help()),
         block_size: int = typer.Option(None, "--block-size", help="Tokens per hash id (mooncake 512, bailian 16, "
                                                                   "requests 16 by default)."),
         on_error: str = typer.Option("fail", "--on-error", help="fail: stop at the first bad row, write nothing; "
@@ -29,8 +30,9 @@ def register(app: typer.Typer) -> None:
                                                            "repeatable: --map arrival=ts --map input_tokens=n_in"),
         tokenizer: str = typer.Option(None, "--tokenizer", help="HF tokenizer.json for text prompts "
                                                                 "(default: byte-level fallback)."),
-        drop_failed: bool = typer.Option(False, "--drop-failed", help="Drop failed rows (zero output tokens, "
-                                                                      "e.g. BurstGPT) instead of rejecting them."),
+        drop_failed: bool = typer.Option(False, "--drop-failed", help="Drop and count failed requests (a format's "
+                                                                      "error marker, or zero output tokens) instead "
+                                                                      "of rejecting them."),
         where: list[str] = typer.Option(None, "--where", help="LABEL=VALUE: keep only those rows, e.g. one "
                                                               "benchmark of a GuideLLM sweep: "
                                                               "--where source_run=constant@4.00 (repeatable)."),
