@@ -36,10 +36,18 @@ ROUTERS = ["round_robin", "random", "session_affinity", "least_loaded", "kv_awar
 ROUTER_SETTINGS = {"kv_aware_approx": ["fleet.router=kv_aware", "fleet.router_options.kv_events=false"]}
 
 
-def replay_run(trace: Path, outdir: Path, config: Path, sets: list[str], options: tuple[str, ...] = ()) -> dict:
-    """One quiet `replay run` process (``options``: more of its flags, e.g. ``--workers 2``): its wall
-    and CPU seconds (user + system), peak RSS and run.json."""
-    cmd = [sys.executable, "-c", "from replay.cli import main; main()", "run", str(trace), "-c", str(config),
+# `replay run` with a fleet's replicas never replayed apart (engine/fleet_partition.py): the one event
+# loop a fleet with shared tiers must use, as the baseline that measures what the tiers cost.
+ONE_LOOP = ("import replay.engine.run as run; run.replica_targets = lambda *args: None; "
+            "from replay.cli import main; main()")
+
+
+def replay_run(trace: Path, outdir: Path, config: Path, sets: list[str], options: tuple[str, ...] = (),
+               launcher: str = "from replay.cli import main; main()") -> dict:
+    """One quiet `replay run` process (``options``: more of its flags, e.g. ``--workers 2``;
+    ``launcher``: the Python that starts it, e.g. ``ONE_LOOP``): its wall and CPU seconds (user +
+    system, its worker processes included), peak RSS and run.json."""
+    cmd = [sys.executable, "-c", launcher, "run", str(trace), "-c", str(config),
            "-o", str(outdir), "-q", *options]
     for s in sets:
         cmd += ["--set", s]
