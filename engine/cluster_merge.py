@@ -21,8 +21,6 @@ import pyarrow.parquet as pq
 
 from replay.engine.output_schema import CHUNKS_FILE, REQUESTS_FILE, REQUESTS_ROW_GROUP, parquet_write_options
 
-_ROWS_PER_GROUP = 1 << 20
-
 
 def cluster_files(folder: Path) -> list[str]:
     """The Parquet outputs a cluster's folder holds."""
@@ -51,22 +49,25 @@ def merge_requests(folders: list[Path], rows: list[np.ndarray], offsets: list[in
 
 def merge_rows(folders: list[Path], name: str, offsets: list[int], dst: Path,
                request_rows: np.ndarray | None = None) -> None:
-    """One Parquet output, the clusters' rows one cluster after another, streamed. ``request_rows``
-    (chunks.parquet): every replayed trace row, ascending; a cluster's chunk runs name their request
-    by trace row, the merged file by its position there (its row in the merged requests file)."""
+    """One Parquet output, the clusters' rows one cluster after another, streamed a row group at a
+    time, each kept whole (the row groups of parts written in one process straight into the output:
+    engine/shared_outputs.py). ``request_rows`` (chunks.parquet): every replayed trace row,
+    ascending; a cluster's chunk runs name their request by trace row, the merged file by its
+    position there (its row in the merged requests file)."""
     writer = None
     try:
         for folder, off in zip(folders, offsets):
             src = pq.ParquetFile(folder / name)
             if writer is None:
                 writer = pq.ParquetWriter(dst / name, src.schema_arrow, **parquet_write_options(src.schema_arrow))
-            for batch in src.iter_batches(batch_size=_ROWS_PER_GROUP):
+            for g in range(src.num_row_groups):
+                table = src.read_row_group(g)
                 if request_rows is not None:
-                    i = batch.schema.get_field_index("request")
-                    mapped = np.searchsorted(request_rows, batch.column(i).to_numpy()).astype(np.int32)
-                    batch = batch.set_column(i, batch.schema.field(i), pa.array(mapped))
-                writer.write_table(pa.Table.from_batches([_offset_replicas(batch, off)]),
-                                   row_group_size=_ROWS_PER_GROUP)
+                    i = table.schema.get_field_index("request")
+                    mapped = np.searchsorted(request_rows, table.column(i).to_numpy()).astype(np.int32)
+                    table = table.set_column(i, table.schema.field(i), pa.array(mapped))
+                table = _offset_replicas(table, off)
+                writer.write_table(table, row_group_size=max(table.num_rows, 1))
     finally:
         if writer is not None:
             writer.close()

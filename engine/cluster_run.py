@@ -33,6 +33,7 @@ from replay.engine.replay_gc import without_collector
 from replay.engine.routers import RouterContext, build_router
 from replay.engine.run_setup import EngineSetup, resolve_setup
 from replay.engine.scheduler_factory import build_scheduler, tier_pools_for
+from replay.engine.shared_outputs import SharedOutputs
 from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
 from replay.engine.trace_input import TraceArrays, trace_arrays
 
@@ -94,8 +95,11 @@ class ClusterResult:
 @without_collector  # a Ray task too replays under the engine's collector policy
 def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, cp: ClusterPlan,
                    outdir: Path, *, check_invariants: bool = False, fast_forward: bool = True,
-                   progress: ProgressFn | None = None) -> ClusterResult:
-    """Replay one cluster's requests on its replicas, behind its own router, into ``outdir``."""
+                   progress: ProgressFn | None = None, shared: SharedOutputs | None = None,
+                   request_rows: np.ndarray | None = None) -> ClusterResult:
+    """Replay one cluster's requests on its replicas, behind its own router, into ``outdir`` (its
+    chunk runs and steps into ``shared`` instead when given: engine/shared_outputs.py, with
+    ``request_rows`` the rows of the merged requests file)."""
     fleet = config.fleet
     assert fleet is not None
     per = cp.replicas
@@ -114,7 +118,9 @@ def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup,
         ctx = RouterContext(num_replicas=per, block_size=config.kv_cache.block_size,
                             num_gpu_blocks=setup.num_gpu_blocks, seed=config.seed + cp.cluster, trace=trace)
         router = build_router(fleet.router, fleet.router_options, ctx)
-    recorder = Recorder(trace, outdir, replica_column=True, cluster_part=True, tier_names=tier_names(config))
+    recorder = Recorder(trace, outdir, replica_column=True, cluster_part=True, tier_names=tier_names(config),
+                        shared=shared, replica_offset=cp.replica_offset if shared is not None else 0,
+                        request_rows=request_rows if shared is not None else None)
     cores = [EngineCore(i, sched, setup.timer, recorder, fast_forward=fast_forward,
                         check_invariants=check_invariants)
              for i, sched in enumerate(schedulers)]
@@ -180,7 +186,20 @@ def replay_clusters(trace: TraceArrays, table: pa.Table | None, hash_block_size:
         if processes > 1 and "fork" not in multiprocessing.get_all_start_methods():
             raise ReplayError("--workers needs processes started by fork (Linux, macOS); use --ray here")
         work = _PartQueue(trace, config, setup, plans, dirs, options, processes)
-        return _run_in_processes(work, progress) if processes > 1 else work.run_slot(0, progress)
+        if processes > 1:
+            return _run_in_processes(work, progress)
+        # One process: the parts write the output's chunk and step files themselves (no merge).
+        work.shared = SharedOutputs(workdir.parent)
+        work.request_rows = np.unique(np.concatenate([_plan_rows(cp) for cp in plans]))
+        try:
+            results = work.run_slot(0, progress)
+        except BaseException:
+            work.shared.abort()
+            raise
+        work.shared.close()
+        if not np.array_equal(np.sort(np.concatenate([r.rows for r in results])), work.request_rows):
+            raise RuntimeError("the parts replayed other rows than their plans: chunk runs would name wrong requests")
+        return results
 
     def first() -> ClusterResult:
         return replay_cluster(trace, config, setup, plans[0], dirs[0], check_invariants=check_invariants,
@@ -193,6 +212,12 @@ def replay_clusters(trace: TraceArrays, table: pa.Table | None, hash_block_size:
             (d / name).write_bytes(data)
         result.files = {}
     return [local, *remote]
+
+
+def _plan_rows(cp: ClusterPlan) -> np.ndarray:
+    """Every trace row a part's plan releases: its open arrivals and its closed-loop turns."""
+    children = [child for deps in cp.plan.dependents.values() for child, _ in deps]
+    return np.concatenate([np.asarray(cp.plan.open_order, dtype=np.int64), np.asarray(children, dtype=np.int64)])
 
 
 @dataclass(frozen=True)
@@ -226,6 +251,8 @@ class _PartQueue:
             self.done = [0]
             self.sim_ms = [0.0]
         self._taken = 0  # the next part, without processes
+        self.shared: SharedOutputs | None = None  # one process: the output's chunk and step files
+        self.request_rows: np.ndarray | None = None
 
     def take(self) -> int:
         """The next part no process has taken (len(plans) when none is left)."""
@@ -266,7 +293,8 @@ class _PartQueue:
             try:
                 results.append(replay_cluster(self.trace, self.config, self.setup, cp, self.dirs[i],
                                               check_invariants=opts.check_invariants,
-                                              fast_forward=opts.fast_forward, progress=tally))
+                                              fast_forward=opts.fast_forward, progress=tally, shared=self.shared,
+                                              request_rows=self.request_rows))
             except ReplayError:
                 self.stop()
                 raise

@@ -36,6 +36,7 @@ from replay.engine.page_release import ConsumedPrefix
 from replay.engine.pd_outputs import POOL_FIELD, PDRequestColumns, pool_step_columns
 from replay.engine.request import Request
 from replay.engine.row_runs import ChunkRunRows, ColumnCutter, StepRow, StepRuns, WindowRows
+from replay.engine.shared_outputs import SharedOutputs
 from replay.engine.trace_input import TraceArrays, session_array, string_array
 
 _ROW_GROUP = 1 << 20
@@ -46,13 +47,17 @@ class Recorder:
     def __init__(self, trace: TraceArrays, outdir: Path, *, replica_column: bool = False,
                  pd_columns: PDRequestColumns | None = None, num_prefill: int = 0,
                  tier_names: list[str] | None = None, cluster_part: bool = False,
-                 request_rows: np.ndarray | None = None) -> None:
+                 request_rows: np.ndarray | None = None, shared: SharedOutputs | None = None,
+                 replica_offset: int = 0) -> None:
         """``replica_column``: a fleet of more than one replica adds a ``replica`` column to
         requests.parquet and steps.parquet (a fleet of one writes exactly the single-engine files).
         ``pd_columns``: a disaggregated fleet (``num_prefill`` prefill replicas numbered first) adds
         its request columns and a ``pool`` column on steps (engine/pd_outputs.py).
         ``tier_names``: the KV tier chain (G2 first when present) adds one ``<name>_hit_tokens``
-        column per tier to requests.parquet (none without ``kv_cache.tiers``)."""
+        column per tier to requests.parquet (none without ``kv_cache.tiers``).
+        ``shared``: a part of a fleet replayed part by part in this process writes its chunk runs
+        and steps into the output's files (engine/shared_outputs.py), its replicas numbered from
+        ``replica_offset``; its requests file stays its own (``outdir``), merged later."""
         # ``cluster_part``: one cluster of a fleet (engine/cluster_run.py). Its chunk runs name trace
         # rows, which are rows of the merged requests file (engine/cluster_merge.py checks), not of
         # the cluster's own.
@@ -104,10 +109,17 @@ class Recorder:
         self._chunk_cutter = ColumnCutter(_ROW_GROUP)
         self._step_cutter = ColumnCutter(_STEP_ROWS_BUFFERED)
         self._request_ids = string_array(trace.request_id)
-        self._chunk_writer = pq.ParquetWriter(outdir / CHUNKS_FILE, CHUNKS_SCHEMA, **parquet_write_options(CHUNKS_SCHEMA))
-        self._step_writer = pq.ParquetWriter(outdir / STEPS_FILE, self._steps_schema,
-                                             **parquet_write_options(self._steps_schema))
-        self._writes = BackgroundWriter()  # row groups are encoded and written on a second thread
+        self.shared = shared
+        self.replica_offset = replica_offset
+        if shared is not None:
+            self._chunk_writer, self._step_writer = shared.writers(self._steps_schema)
+            self._writes = shared.writes
+        else:
+            self._chunk_writer = pq.ParquetWriter(outdir / CHUNKS_FILE, CHUNKS_SCHEMA,
+                                                  **parquet_write_options(CHUNKS_SCHEMA))
+            self._step_writer = pq.ParquetWriter(outdir / STEPS_FILE, self._steps_schema,
+                                                 **parquet_write_options(self._steps_schema))
+            self._writes = BackgroundWriter()  # row groups are encoded and written on a second thread
         self.num_chunks = 0
         self.num_steps = 0
         # requests.parquet: its first row groups may be written while the replay runs
@@ -251,6 +263,8 @@ class Recorder:
             return
         if self.request_rows is not None:
             due[0] = np.searchsorted(self.request_rows, due[0]).astype(np.int32)
+        if self.replica_offset:
+            due[1] = (due[1] + self.replica_offset).astype(np.int32)
         table = pa.Table.from_arrays([pa.array(v) for v in due], schema=CHUNKS_SCHEMA)
         self._chunk_writer.write_table(table, row_group_size=_ROW_GROUP)
 
@@ -259,6 +273,8 @@ class Recorder:
         due = self._step_cutter.cut(runs.columns(self._step_dtypes), final)
         if due is None:
             return
+        if self.replica_offset:  # the replica column is the last one (a part is never disaggregated)
+            due[-1] = (due[-1] + self.replica_offset).astype(np.int32)
         arrays = [pa.array(v) for v in due]
         if self.pd_columns is not None:  # replica numbers count within each pool
             pool, local = pool_step_columns(np.asarray(due[-1]), self.num_prefill)
@@ -275,12 +291,16 @@ class Recorder:
             self._check_request_rows()
         self._flush_chunks(final=True)
         self._flush_steps(final=True)
-        self._writes.finish()
-        self._chunk_writer.close()
-        self._step_writer.close()
+        if self.shared is None:
+            self._writes.finish()
+            self._chunk_writer.close()
+            self._step_writer.close()
         self._write_requests()
 
     def abort(self) -> None:
+        if self.shared is not None:
+            self.shared.abort()
+            return
         try:
             self._writes.finish()
         except BaseException:  # noqa: BLE001 - best effort on the failure path
