@@ -10,11 +10,13 @@ byte-identical.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import shutil
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from replay.base.errors import ReplayError
+from replay.base.heap import release_heap
 from replay.engine.cluster_merge import cluster_files
 from replay.engine.clusters import ClusterPlan
 from replay.engine.config import EngineConfig
@@ -124,6 +127,8 @@ def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup,
     cores = [EngineCore(i, sched, setup.timer, recorder, fast_forward=fast_forward,
                         check_invariants=check_invariants)
              for i, sched in enumerate(schedulers)]
+    for core in cores:
+        core.global_replica = core.replica + cp.replica_offset
     loop = FleetLoop(trace, cp.plan, cores, router, recorder, block_size=config.kv_cache.block_size,
                      hash_lookahead=schedulers[0].kv.hash_lookahead, rejected=cp.rejected,
                      router_latency_ms=fleet.router_latency_ms, progress=progress, shared_lead=cp.shared_lead)
@@ -245,11 +250,9 @@ class _PartQueue:
             ctx = multiprocessing.get_context("fork")
             self.next_part = ctx.Value("q", 0)  # with its lock: two processes must not take one part
             self.done = ctx.Array("q", processes, lock=False)  # one writer per slot
-            self.sim_ms = ctx.Array("d", processes, lock=False)
         else:
             self.next_part = None
             self.done = [0]
-            self.sim_ms = [0.0]
         self._taken = 0  # the next part, without processes
         self.shared: SharedOutputs | None = None  # one process: the output's chunk and step files
         self.request_rows: np.ndarray | None = None
@@ -272,12 +275,15 @@ class _PartQueue:
                 self.next_part.value = len(self.plans)
 
     def report(self, forward: ProgressFn | None) -> None:
+        # Parts have clocks of their own, so no one simulated time stands for the replay (NaN).
         if forward is not None:
-            forward(max(self.sim_ms), sum(self.done))
+            forward(math.nan, sum(self.done))
 
-    def run_slot(self, slot: int, forward: ProgressFn | None = None) -> list[ClusterResult]:
+    def run_slot(self, slot: int, forward: ProgressFn | None = None,
+                 between: Callable[[], None] | None = None) -> list[ClusterResult]:
         """Replay parts until none is left, counting this process's requests in ``slot``;
-        ``forward`` (this process only) hears the total over every process."""
+        ``forward`` (this process only) hears the total over every process; ``between`` runs after
+        each part (the parent checks its workers there)."""
         results = []
         while (i := self.take()) < len(self.plans):
             cp = self.plans[i]
@@ -285,8 +291,6 @@ class _PartQueue:
 
             def tally(sim_ms: float, done: int, base: int = base) -> None:
                 self.done[slot] = base + done
-                if sim_ms > self.sim_ms[slot]:
-                    self.sim_ms[slot] = sim_ms
                 self.report(forward)
 
             opts = self.options
@@ -295,6 +299,9 @@ class _PartQueue:
                                               check_invariants=opts.check_invariants,
                                               fast_forward=opts.fast_forward, progress=tally, shared=self.shared,
                                               request_rows=self.request_rows))
+                release_heap()  # the part's engine and columns, freed: their pages back to the system
+                if between is not None:
+                    between()
             except ReplayError:
                 self.stop()
                 raise
@@ -323,27 +330,45 @@ def _run_in_processes(work: _PartQueue, progress: ProgressFn | None) -> list[Clu
     the workers as they are; platforms without fork use --ray instead."""
     global _FORKED
     processes = len(work.done)
+    # A timer still loading its tables on a thread of its own (aiconfigurator's, in Rust) could hold
+    # a lock the fork copies held: the child would wait on it for ever. Let it finish first.
+    before_fork = getattr(work.setup.timer, "before_fork", None)
+    if before_fork is not None:
+        before_fork()
     _FORKED = work
     pool = ProcessPoolExecutor(max_workers=processes - 1, mp_context=multiprocessing.get_context("fork"))
+    done = False
     try:
         # Every worker forks here, before this process starts any thread of its own replay.
         futures: list[Future[list[ClusterResult]]] = [pool.submit(_replay_forked, slot)
                                                       for slot in range(1, processes)]
-        results = work.run_slot(0, progress)
-        while wait(futures, timeout=0.5).not_done:
-            work.report(progress)
-        for fut in futures:
-            try:
+
+        def check_workers() -> None:
+            """A worker that failed or died stops the replay now, not after this process's parts."""
+            for fut in futures:
+                if fut.done() and fut.exception() is not None:
+                    fut.result()
+
+        try:
+            results = work.run_slot(0, progress, between=check_workers)
+            while wait(futures, timeout=0.5).not_done:
+                work.report(progress)
+                check_workers()
+            for fut in futures:
                 results += fut.result()
-            except ReplayError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a worker that died (its part is not known here)
-                raise ReplayError(f"a worker process of the replay failed: {exc!r}") from None
+        except ReplayError:
+            raise
+        except (BrokenProcessPool, OSError) as exc:  # a worker that died (its part is not known here)
+            raise ReplayError(f"a worker process of the replay failed: {exc!r}") from None
         work.report(progress)
         results.sort(key=lambda r: r.cluster)
+        done = True
         return results
     finally:
         work.stop()
+        if not done:  # an error or an interrupt: the workers' parts are of no use any more
+            for child in multiprocessing.active_children():
+                child.terminate()
         pool.shutdown(wait=True, cancel_futures=True)
         _FORKED = None
 

@@ -23,6 +23,7 @@ from replay.base.errors import ReplayError
 from replay.engine.block_pool_checks import PoolInvariantError
 from replay.engine.decode_window import (
     DecodeWindowReplica,
+    DecodeWindowResult,
     DecodeWindowStart,
     OpenDecodeWindow,
     open_decode_window,
@@ -48,6 +49,9 @@ class EngineCore:
     def __init__(self, replica: int, scheduler: Scheduler, timer: StepTimer, recorder: Recorder, *,
                  fast_forward: bool = True, check_invariants: bool = False) -> None:
         self.replica = replica
+        # The id errors name: the fleet's, also when this replica is replayed apart as a fleet of
+        # one (engine/fleet_partition.py), where ``replica`` is 0.
+        self.global_replica = replica
         self.sched = scheduler
         self.timer = timer
         self.rec = recorder
@@ -160,7 +164,7 @@ class EngineCore:
                 window = run_decode_window(self.windows, DecodeWindowStart(
                     now, horizon(self), self.step_idx, finished, self.finish_is_quiet))
                 if window.num_steps:
-                    return self._took_window(now, window.end_ms, window.num_steps, finished), False
+                    return self._took_window(window, finished), False
         out = sched.schedule(now)
         self.schedule_calls += 1
         if out.total_tokens == 0:
@@ -186,11 +190,17 @@ class EngineCore:
         self.now = end
         return end, True
 
-    def _took_window(self, start_ms: float, end_ms: float, num_steps: int, finished: list[Request] | None) -> float:
-        """A decode window took ``num_steps`` steps from ``start_ms`` to ``end_ms``, and its last
-        step finished ``finished`` (already freed): tell the recorder and the fleet."""
+    def _took_window(self, window: DecodeWindowResult, finished: list[Request] | None) -> float:
+        """A decode window took its steps, and its last step finished ``finished`` (already
+        freed): tell the recorder and the fleet."""
+        num_steps = window.num_steps
+        end_ms = window.end_ms
         self.step_idx += num_steps
-        self.busy_ms += end_ms - start_ms
+        busy = self.busy_ms
+        durations = window.durations
+        for j in range(num_steps):  # one by one, as stepping adds them: the same bits either way
+            busy += durations[j]
+        self.busy_ms = busy
         self.now = end_ms
         on_finished = self.on_finished
         if finished and on_finished is not None:
@@ -208,10 +218,10 @@ class EngineCore:
         if window is not None:
             self.open_window = None
             result = window.close()
-            return self._took_window(window.start.now, result.end_ms, result.num_steps, window.start.finished)
+            return self._took_window(result, window.start.finished)
         pending = self.pending
         if pending is None:
-            raise RuntimeError(f"replica {self.replica}: complete() with no step in flight")
+            raise RuntimeError(f"replica {self.global_replica}: complete() with no step in flight")
         out, start, dur = pending
         self.pending = None
         end = start + dur
@@ -274,7 +284,7 @@ class EngineCore:
         sched = self.sched
         head = sched.waiting.peek() if sched.waiting else None
         what = f"request {head.request_id!r} ({head.num_tokens} tokens)" if head else "no request"
-        where = f" on replica {self.replica}" if self.replica else ""
+        where = f" on replica {self.global_replica}" if self.global_replica else ""
         return (f"the replay cannot make progress at t={now:.1f} ms{where}: {what} does not fit in the KV "
                 f"cache ({self.kv_pool.get_num_free_blocks()} free blocks) and nothing else can run")
 
@@ -283,9 +293,9 @@ class EngineCore:
         sched = self.sched
         lim = sched.limits
         if out is not None and out.total_tokens > lim.max_num_batched_tokens:
-            raise InvariantError(f"replica {self.replica}: token budget exceeded ({out.total_tokens})")
+            raise InvariantError(f"replica {self.global_replica}: token budget exceeded ({out.total_tokens})")
         if len(sched.running) > lim.max_num_seqs:
-            raise InvariantError(f"replica {self.replica}: max_num_seqs exceeded ({len(sched.running)})")
+            raise InvariantError(f"replica {self.global_replica}: max_num_seqs exceeded ({len(sched.running)})")
         holders: dict[int, int] = {}
         in_use_keys: dict[int, int | None] = {}
         reqs = list(sched.running) + [r for r in sched.waiting if r.block_ids]
@@ -302,7 +312,7 @@ class EngineCore:
         try:
             self.kv_pool.check_invariants(in_use_keys, holders)
         except (PoolInvariantError, AssertionError) as exc:
-            raise InvariantError(f"replica {self.replica}: KV block invariant failed: {exc}") from None
+            raise InvariantError(f"replica {self.global_replica}: KV block invariant failed: {exc}") from None
 
 
 def sync_open_windows(cores: list[EngineCore], now_ms: float) -> None:

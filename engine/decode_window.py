@@ -109,13 +109,15 @@ class DecodeWindowStart:
 
 class DecodeWindowResult:
     """How far a window went: ``num_steps`` steps (0: no window, the scheduler takes the next
-    step), ending at ``end_ms`` (the start time when no step was taken)."""
+    step), ending at ``end_ms`` (the start time when no step was taken); ``durations`` holds the
+    steps' durations first (so busy time adds them one by one, as stepping does, to the bit)."""
 
-    __slots__ = ("end_ms", "num_steps")
+    __slots__ = ("end_ms", "num_steps", "durations")
 
-    def __init__(self, end_ms: float, num_steps: int) -> None:
+    def __init__(self, end_ms: float, num_steps: int, durations: list[float] | None = None) -> None:
         self.end_ms = end_ms
         self.num_steps = num_steps
+        self.durations: list[float] = durations if durations is not None else []
 
 
 def run_decode_window(replica: DecodeWindowReplica, start: DecodeWindowStart) -> DecodeWindowResult:
@@ -153,7 +155,7 @@ def run_decode_window(replica: DecodeWindowReplica, start: DecodeWindowStart) ->
     if s > m and finished is not None:  # the last step finished requests (update_from_output), freed
         num_running_after -= window.finish(times[s], m, finished)
     window.record(replica.recorder, replica.replica, start.first_step, s, num_running_after)
-    return DecodeWindowResult(times[s], s)
+    return DecodeWindowResult(times[s], s, clock.durations)
 
 
 class OpenDecodeWindow:
@@ -220,7 +222,7 @@ class OpenDecodeWindow:
         if s > self.first_finish and finished is not None:
             num_running_after -= window.finish(end_ms, self.first_finish, finished)
         window.record(self.replica.recorder, self.replica.replica, self.start.first_step, s, num_running_after)
-        return DecodeWindowResult(end_ms, s)
+        return DecodeWindowResult(end_ms, s, window.clock.durations)
 
 
 def open_decode_window(replica: DecodeWindowReplica, start: DecodeWindowStart) -> OpenDecodeWindow | DecodeWindowResult | None:

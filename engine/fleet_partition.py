@@ -24,6 +24,12 @@ from replay.engine.trace_input import TraceArrays
 
 # Routers whose choice depends on the request alone (Router.reads_replica_state is False).
 _REQUEST_ONLY = ("round_robin", "random", "session_affinity")
+# Beyond this many requests the fleet runs in one loop: its memory stays bounded by handing back
+# the rows already served (engine/page_release.py), which parts replayed apart cannot do (each
+# touches every page of its recorder's columns, its rows being spread over the whole trace, and the
+# parts' requests files are merged at the end). At 1 M reuse-heavy requests on 8 replicas behind
+# round robin, apart in one process: 92 s and a 1.27 GB peak; the single loop: 150 s and 644 MB.
+MAX_APART_REQUESTS = 1_000_000
 
 
 def why_replicas_share(config: EngineConfig) -> str | None:
@@ -49,12 +55,30 @@ def why_replicas_share(config: EngineConfig) -> str | None:
     return None
 
 
+def why_not_apart(config: EngineConfig, plan: ArrivalPlan) -> str | None:
+    """Why this config and arrival plan keep the fleet in one loop (None: they do not, though a
+    closed-loop turn routed to another replica than its parent's still may: ``replica_targets``)."""
+    why = why_replicas_share(config)
+    if why is not None:
+        return why
+    if plan.concurrency:
+        return "load.mode concurrency shares its slots over the whole fleet"
+    requests = len(plan.open_order) + sum(len(d) for d in plan.dependents.values())
+    if requests > MAX_APART_REQUESTS:
+        return (f"{requests:,} requests: beyond {MAX_APART_REQUESTS:,} the fleet runs in one loop, which hands "
+                "back the memory of the requests served")
+    assert config.fleet is not None
+    if config.fleet.router == "round_robin" and plan.dependents:
+        return "behind round_robin a closed-loop turn takes the next turn when it is released"
+    return None
+
+
 def replica_targets(config: EngineConfig, trace: TraceArrays, plan: ArrivalPlan,
                     rejected: dict[int, str], num_gpu_blocks: int) -> np.ndarray | None:
     """The replica every row of ``plan`` goes to (-1 for rows it does not release), or None when
     the fleet's replicas cannot be replayed apart. A row refused at arrival goes to no replica; it
     is recorded by the replica the router names (round robin: replica 0, as it takes no turn)."""
-    if why_replicas_share(config) is not None or plan.concurrency:
+    if why_not_apart(config, plan) is not None:
         return None
     fleet = config.fleet
     assert fleet is not None
@@ -62,8 +86,6 @@ def replica_targets(config: EngineConfig, trace: TraceArrays, plan: ArrivalPlan,
     target = np.full(len(trace), -1, dtype=np.int64)
     order = np.asarray(plan.open_order, dtype=np.int64)
     if fleet.router == "round_robin":
-        if plan.dependents:
-            return None  # a closed-loop turn takes the round robin's next turn when its parent finishes
         target[order] = 0
         routed = order[_not_in(order, rejected)] if rejected else order
         target[routed] = np.arange(len(routed), dtype=np.int64) % n

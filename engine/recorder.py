@@ -42,6 +42,7 @@ from replay.engine.trace_input import TraceArrays, session_array, string_array
 _ROW_GROUP = 1 << 20
 _CHUNK_RUNS_BUFFERED = 1 << 18  # closed chunk runs buffered before they go to the writer thread
 _STEP_ROWS_BUFFERED = 1 << 16  # step rows buffered before a row group is written
+_PART_REQUESTS_ROW_GROUP = 1 << 14  # a cluster's own requests file (merged, then deleted)
 
 class Recorder:
     def __init__(self, trace: TraceArrays, outdir: Path, *, replica_column: bool = False,
@@ -392,7 +393,9 @@ class Recorder:
         writer = self._open_requests_writer()
         first = self._requests_written
         end = len(sel) if first else max(len(sel), 1)  # an empty replay writes its one empty group
-        group = REQUESTS_ROW_GROUP
+        # A cluster's file is read back by the merge a few row groups at a time, from every cluster
+        # at once: small groups keep that to a sliver of the table (engine/cluster_merge.py).
+        group = _PART_REQUESTS_ROW_GROUP if self.cluster_part else REQUESTS_ROW_GROUP
         for lo in range(first, end, group):
             writer.write_table(self._requests_table(sel[lo:lo + group]), row_group_size=group)
         writer.close()

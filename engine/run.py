@@ -26,7 +26,7 @@ from replay.engine.clusters import assign_clusters, split_plan
 from replay.engine.config import EngineConfig
 from replay.engine.core import EngineCore
 from replay.engine.fleet import FleetLoop, ProgressFn
-from replay.engine.fleet_partition import replica_targets, why_replicas_share
+from replay.engine.fleet_partition import replica_targets, why_not_apart, why_replicas_share
 from replay.engine.fleet_scaling import FleetScaler
 from replay.engine.kv_tier_report import TierFigures, tier_names
 from replay.engine.kv_tiers import TierPools
@@ -343,7 +343,8 @@ def replay_prepared(prepared: PreparedTrace, config: EngineConfig, outdir: str |
             return _replay_clustered(prepared, config, outdir, setup, wall_start, ray_address=None, workers=workers,
                                      apart=(plan, targets), **common)
     if workers is not None and workers > 1:
-        why = why_replicas_share(config) or "a closed-loop turn can go to another replica than the turn it follows"
+        why = (why_replicas_share(config) or (plan is not None and why_not_apart(config, plan))
+               or "a closed-loop turn can go to another replica than the turn it follows")
         raise ConfigError("--workers replays the clusters of a fleet (fleet.clusters above 1), or the replicas of a "
                           f"fleet that share nothing, in parallel processes; here they cannot be: {why}")
     inputs = [trace_path, *config_input_files(config, config_path)]

@@ -121,6 +121,11 @@ class AicTimer:
         except Exception:  # noqa: BLE001 - the first real call raises it again, with its reason
             pass
 
+    def before_fork(self) -> None:
+        """The tables are loaded (a process forked while the loading thread holds a lock of
+        aiconfigurator's would wait on it for ever: engine/cluster_run.py forks workers)."""
+        self.forward_pass_model()
+
     def forward_pass_model(self) -> Any:
         """aiconfigurator's model, once its tables are loaded (never used by two threads at once)."""
         if self._loading is not None:

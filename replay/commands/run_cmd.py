@@ -73,7 +73,9 @@ def run(
                 task = bar.add_task("replay", total=total, sim="0 s")
 
                 def progress(sim_ms: float, done: int) -> None:
-                    bar.update(task, completed=done, sim=f"{sim_ms / 1000:,.1f} s")
+                    # NaN: parts replayed apart, each on a clock of its own (docs/fleet.md)
+                    sim = f"{sim_ms / 1000:,.1f} s" if sim_ms == sim_ms else "per replica"
+                    bar.update(task, completed=done, sim=sim)
 
                 summary = replay_prepared(prepared, cfg, outdir, config_source=source, config_path=config,
                                           overwrite=overwrite, progress=progress, check_invariants=check,

@@ -159,3 +159,52 @@ def test_the_cli_replays_apart_by_default(tmp_path):
     res = CliRunner().invoke(app, ["run", str(tmp_path / "t.parquet"), "-o", str(tmp_path / "k"), "-q",
                                    "--set", "fleet.replicas=2", "--set", "fleet.router=kv_aware", "--workers", "2"])
     assert res.exit_code == 2 and "kv_aware reads the replicas' state" in res.output
+
+
+def test_a_very_large_replay_stays_in_one_loop(tmp_path, monkeypatch):
+    # Beyond MAX_APART_REQUESTS the single loop's bounded memory wins (it hands back served rows).
+    import replay.engine.fleet_partition as fleet_partition
+
+    monkeypatch.setattr(fleet_partition, "MAX_APART_REQUESTS", 40)
+    info = _replay(tmp_path, _open_trace(41), "big", {"replicas": 2})
+    assert "replicas_apart" not in info["fleet"]
+    assert _replay(tmp_path, _open_trace(40), "small", {"replicas": 2})["fleet"]["replicas_apart"] is True
+    with pytest.raises(ConfigError, match="41 requests: beyond 40"):
+        _replay(tmp_path, _open_trace(41), "big2", {"replicas": 2}, workers=2)
+
+
+def test_busy_time_is_the_same_to_the_bit(tmp_path):
+    # The roofline timer's step times: busy time adds a window's steps one by one, as stepping does,
+    # so windows cut at other replicas' arrivals (one loop) or not (apart) give the same bits.
+    from pathlib import Path
+
+    from replay.api import prepare_any_trace
+    from replay.engine.run_setup import resolve_setup
+
+    sample = Path(__file__).resolve().parents[2] / "sample_traces" / "mooncake_sessions.jsonl"
+    cfg = EngineConfig.model_validate({"fleet": {"replicas": 3, "router": "session_affinity", "router_latency_ms": 5},
+                                       "kv_cache": {"num_gpu_blocks": 1200}, "load": {"max_requests": 400}})
+    infos = []
+    for name, apart in (("one", False), ("apart", True)):
+        setup = resolve_setup(cfg)
+        prepared = prepare_any_trace(sample, cfg, setup)
+        infos.append(replay_prepared(prepared, cfg, tmp_path / name, setup=setup, replicas_apart=apart).run_info)
+    one, apart = infos
+    assert [r["busy_ms"] for r in apart["fleet"]["per_replica"]] == [r["busy_ms"] for r in one["fleet"]["per_replica"]]
+    assert apart["fleet"]["busy_imbalance"] == one["fleet"]["busy_imbalance"]
+
+
+def test_workers_fork_only_once_the_timer_is_ready(tmp_path):
+    # A timer loading its tables on a thread (aiconfigurator's) finishes before any worker forks.
+    class LoadingTimer(FixedTimer):
+        forks_allowed = 0
+
+        def before_fork(self) -> None:
+            LoadingTimer.forks_allowed += 1
+
+    table, meta = _open_trace(30)
+    cfg = EngineConfig.model_validate({"fleet": {"replicas": 2}})
+    setup = setup_for(40, LoadingTimer(5.0, 0.01, 1e-4))
+    prepared = prepare_trace(table, meta, cfg, setup)
+    info = replay_prepared(prepared, cfg, tmp_path / "w", setup=setup, workers=2).run_info
+    assert info["fleet"]["ran_on"] == "2 processes" and LoadingTimer.forks_allowed == 1
