@@ -269,10 +269,10 @@ class _PartQueue:
             return min(i, len(self.plans))
 
     def stop(self) -> None:
-        """No process takes another part (one has failed)."""
+        """No process takes another part (one has failed). Without the lock: a worker killed while
+        holding it would leave it held for ever, and one store of an int needs none."""
         if self.next_part is not None:
-            with self.next_part.get_lock():
-                self.next_part.value = len(self.plans)
+            self.next_part.value = len(self.plans)
 
     def report(self, forward: ProgressFn | None) -> None:
         # Parts have clocks of their own, so no one simulated time stands for the replay (NaN).
@@ -336,10 +336,13 @@ def _run_in_processes(work: _PartQueue, progress: ProgressFn | None) -> list[Clu
     if before_fork is not None:
         before_fork()
     _FORKED = work
+    others = set(multiprocessing.active_children())  # children of someone else's, never ours to stop
     pool = ProcessPoolExecutor(max_workers=processes - 1, mp_context=multiprocessing.get_context("fork"))
     done = False
     try:
-        # Every worker forks here, before this process starts any thread of its own replay.
+        # The workers fork here, before this process's replay starts its writer thread. A progress
+        # bar's refresh thread may be running: the children never touch the console, and the
+        # engine's state they inherit is plain Python and numpy (no lock of another thread's).
         futures: list[Future[list[ClusterResult]]] = [pool.submit(_replay_forked, slot)
                                                       for slot in range(1, processes)]
 
@@ -356,19 +359,17 @@ def _run_in_processes(work: _PartQueue, progress: ProgressFn | None) -> list[Clu
                 check_workers()
             for fut in futures:
                 results += fut.result()
-        except ReplayError:
-            raise
-        except (BrokenProcessPool, OSError) as exc:  # a worker that died (its part is not known here)
+        except BrokenProcessPool as exc:  # a worker that died (its part is not known here)
             raise ReplayError(f"a worker process of the replay failed: {exc!r}") from None
         work.report(progress)
         results.sort(key=lambda r: r.cluster)
         done = True
         return results
     finally:
-        work.stop()
         if not done:  # an error or an interrupt: the workers' parts are of no use any more
-            for child in multiprocessing.active_children():
+            for child in set(multiprocessing.active_children()) - others:
                 child.terminate()
+        work.stop()
         pool.shutdown(wait=True, cancel_futures=True)
         _FORKED = None
 

@@ -30,6 +30,9 @@ _REQUEST_ONLY = ("round_robin", "random", "session_affinity")
 # parts' requests files are merged at the end). At 1 M reuse-heavy requests on 8 replicas behind
 # round robin, apart in one process: 92 s and a 1.27 GB peak; the single loop: 150 s and 644 MB.
 MAX_APART_REQUESTS = 1_000_000
+# Beyond this many replicas too: each part's recorder spans the whole trace, so replaying apart
+# costs replicas x trace rows, and the merge reads the parts' files side by side (open files).
+MAX_APART_REPLICAS = 64
 
 
 def why_replicas_share(config: EngineConfig) -> str | None:
@@ -61,13 +64,15 @@ def why_not_apart(config: EngineConfig, plan: ArrivalPlan) -> str | None:
     why = why_replicas_share(config)
     if why is not None:
         return why
+    assert config.fleet is not None
+    if config.fleet.replicas > MAX_APART_REPLICAS:
+        return f"beyond {MAX_APART_REPLICAS} replicas the fleet runs in one loop (each replica apart would span the trace)"
     if plan.concurrency:
         return "load.mode concurrency shares its slots over the whole fleet"
     requests = len(plan.open_order) + sum(len(d) for d in plan.dependents.values())
     if requests > MAX_APART_REQUESTS:
         return (f"{requests:,} requests: beyond {MAX_APART_REQUESTS:,} the fleet runs in one loop, which hands "
                 "back the memory of the requests served")
-    assert config.fleet is not None
     if config.fleet.router == "round_robin" and plan.dependents:
         return "behind round_robin a closed-loop turn takes the next turn when it is released"
     return None

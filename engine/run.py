@@ -343,7 +343,7 @@ def replay_prepared(prepared: PreparedTrace, config: EngineConfig, outdir: str |
             return _replay_clustered(prepared, config, outdir, setup, wall_start, ray_address=None, workers=workers,
                                      apart=(plan, targets), **common)
     if workers is not None and workers > 1:
-        why = (why_replicas_share(config) or (plan is not None and why_not_apart(config, plan))
+        why = (why_replicas_share(config) or ("replicas_apart is off" if plan is None else why_not_apart(config, plan))
                or "a closed-loop turn can go to another replica than the turn it follows")
         raise ConfigError("--workers replays the clusters of a fleet (fleet.clusters above 1), or the replicas of a "
                           f"fleet that share nothing, in parallel processes; here they cannot be: {why}")

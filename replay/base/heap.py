@@ -10,15 +10,13 @@ replay: 502-506 MB after each part, for 40 ms). A no-op where the C library has 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 
 
 @functools.cache
 def _malloc_trim():
-    name = ctypes.util.find_library("c")
-    try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    try:  # the C library this process already has loaded (no search, no subprocess)
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)
     except OSError:
         return None
 

@@ -74,7 +74,7 @@ def run(
 
                 def progress(sim_ms: float, done: int) -> None:
                     # NaN: parts replayed apart, each on a clock of its own (docs/fleet.md)
-                    sim = f"{sim_ms / 1000:,.1f} s" if sim_ms == sim_ms else "per replica"
+                    sim = f"{sim_ms / 1000:,.1f} s" if sim_ms == sim_ms else "-"
                     bar.update(task, completed=done, sim=sim)
 
                 summary = replay_prepared(prepared, cfg, outdir, config_source=source, config_path=config,

@@ -190,6 +190,7 @@ def test_busy_time_is_the_same_to_the_bit(tmp_path):
         prepared = prepare_any_trace(sample, cfg, setup)
         infos.append(replay_prepared(prepared, cfg, tmp_path / name, setup=setup, replicas_apart=apart).run_info)
     one, apart = infos
+    assert apart["fleet"]["replicas_apart"] is True
     assert [r["busy_ms"] for r in apart["fleet"]["per_replica"]] == [r["busy_ms"] for r in one["fleet"]["per_replica"]]
     assert apart["fleet"]["busy_imbalance"] == one["fleet"]["busy_imbalance"]
 
@@ -208,3 +209,48 @@ def test_workers_fork_only_once_the_timer_is_ready(tmp_path):
     prepared = prepare_trace(table, meta, cfg, setup)
     info = replay_prepared(prepared, cfg, tmp_path / "w", setup=setup, workers=2).run_info
     assert info["fleet"]["ran_on"] == "2 processes" and LoadingTimer.forks_allowed == 1
+
+
+def test_a_failing_worker_stops_only_its_own_replay(tmp_path, monkeypatch):
+    # A worker's error stops the replay with the part named, and the processes stopped are the
+    # replay's own workers: another child of this process lives on.
+    import multiprocessing
+
+    import replay.engine.cluster_run as cluster_run
+
+    real = cluster_run.replay_cluster
+
+    def failing(trace, config, setup, cp, outdir, **kwargs):
+        if cp.cluster == 2:
+            raise RuntimeError("boom")
+        return real(trace, config, setup, cp, outdir, **kwargs)
+
+    monkeypatch.setattr(cluster_run, "replay_cluster", failing)
+    bystander = multiprocessing.get_context("fork").Process(target=time_sleep, args=(30,))
+    bystander.start()
+    try:
+        with pytest.raises(Exception, match="replica 2's replay failed in a worker process|boom"):
+            _replay(tmp_path, _open_trace(40), "w", {"replicas": 4}, workers=2)
+        assert bystander.is_alive()
+        assert not (tmp_path / "w").exists()
+    finally:
+        bystander.terminate()
+        bystander.join()
+
+
+def time_sleep(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)
+
+
+def test_a_fleet_of_many_replicas_stays_in_one_loop():
+    from replay.engine.fleet_partition import MAX_APART_REPLICAS, why_not_apart
+
+    table, meta = _open_trace(10)
+    trace = trace_arrays(table, meta.hash_block_size)
+    for replicas, apart in ((MAX_APART_REPLICAS, True), (MAX_APART_REPLICAS + 1, False)):
+        cfg = EngineConfig.model_validate({"fleet": {"replicas": replicas}})
+        plan = plan_arrivals(trace, cfg.load, 0, np.arange(10))
+        assert (why_not_apart(cfg, plan) is None) is apart
+        assert (replica_targets(cfg, trace, plan, {}, 100) is not None) is apart
