@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from replay.engine.config import EngineConfig
@@ -93,3 +94,31 @@ def assert_decode_run_is_step_ms(windowed, stepped, nrun: int, ctx0: int, count:
     for i, d in enumerate(scalar):
         t += d
         assert times[i + 1] == t
+
+
+def open_loop_trace(n: int = 40, seed: int = 0, gap_ms: float = 30.0) -> tuple[pa.Table, TraceMetadata]:
+    """Open-loop rows with shared heads (four system prompts), varied tails and outputs, arriving
+    ``gap_ms`` apart on average."""
+    rng = np.random.default_rng(seed)
+    rows, t = [], 0
+    for i in range(n):
+        t += int(rng.exponential(gap_ms))
+        head = int(rng.integers(0, 4))
+        inp = int(rng.integers(40, 300))
+        n_ids = -(-inp // 16)
+        ids = [head * 1000 + j for j in range(min(3, n_ids - 1))]
+        ids += [10**6 + i * 100 + j for j in range(n_ids - len(ids))]
+        rows.append(dict(arrival_ms=t, input_tokens=inp, output_tokens=int(rng.integers(2, 60)), hash_ids=ids))
+    return make_trace(rows)
+
+
+def sessions_trace(sessions: int = 3) -> tuple[pa.Table, TraceMetadata]:
+    """Sessions of three turns each; later turns are closed-loop (released by the previous finish)."""
+    rows = []
+    for s in range(sessions):
+        for turn in range(3):
+            rows.append(dict(arrival_ms=s * 5 + turn * 1000, input_tokens=64 + 32 * turn, output_tokens=5,
+                             hash_ids=[s * 100 + j for j in range(4 + 2 * turn)], session_id=f"s{s}",
+                             turn=turn, delay_ms=None if turn == 0 else 50))
+    rows.sort(key=lambda r: r["arrival_ms"])
+    return make_trace(rows)

@@ -12,34 +12,15 @@ from replay.engine.clusters import assign_clusters
 from replay.engine.config import EngineConfig
 from replay.engine.run import replay_trace
 from replay.engine.trace_input import trace_arrays
-from tests.engine_helpers import FixedTimer, make_trace, setup_for
+from tests.engine_helpers import FixedTimer, open_loop_trace, sessions_trace, setup_for
 
 
 def _open_trace(n: int = 40, seed: int = 0):
-    """Open-loop rows with shared heads: four system prompts, varied tails and outputs."""
-    rng = np.random.default_rng(seed)
-    rows, t = [], 0
-    for i in range(n):
-        t += int(rng.exponential(30))
-        head = int(rng.integers(0, 4))
-        inp = int(rng.integers(40, 300))
-        n_ids = -(-inp // 16)
-        ids = [head * 1000 + j for j in range(min(3, n_ids - 1))]
-        ids += [10**6 + i * 100 + j for j in range(n_ids - len(ids))]
-        rows.append(dict(arrival_ms=t, input_tokens=inp, output_tokens=int(rng.integers(2, 60)), hash_ids=ids))
-    return make_trace(rows)
+    return open_loop_trace(n, seed)
 
 
 def _sessions_trace():
-    """Three sessions of three turns each; later turns are closed-loop (delay_ms)."""
-    rows = []
-    for s in range(3):
-        for turn in range(3):
-            rows.append(dict(arrival_ms=s * 5 + turn * 1000, input_tokens=64 + 32 * turn, output_tokens=5,
-                             hash_ids=[s * 100 + j for j in range(4 + 2 * turn)], session_id=f"s{s}",
-                             turn=turn, delay_ms=None if turn == 0 else 50))
-    rows.sort(key=lambda r: r["arrival_ms"])
-    return make_trace(rows)
+    return sessions_trace(3)
 
 
 def _run(tmp_path, table, meta, name, fleet: dict, blocks: int = 400):

@@ -15,36 +15,18 @@ from replay.engine.config import EngineConfig
 from replay.engine.fleet_partition import replica_targets, why_replicas_share
 from replay.engine.run import prepare_trace, replay_prepared
 from replay.engine.trace_input import trace_arrays
-from tests.engine_helpers import FixedTimer, make_trace, setup_for
+from tests.engine_helpers import FixedTimer, open_loop_trace, sessions_trace, setup_for
 
 OUTPUTS = ("requests.parquet", "steps.parquet", "chunks.parquet")
 
 
 def _open_trace(n: int = 60, seed: int = 0):
-    """Open-loop rows with shared heads (four system prompts), varied tails and outputs."""
-    rng = np.random.default_rng(seed)
-    rows, t = [], 0
-    for i in range(n):
-        t += int(rng.exponential(4))
-        head = int(rng.integers(0, 4))
-        inp = int(rng.integers(40, 300))
-        n_ids = -(-inp // 16)
-        ids = [head * 1000 + j for j in range(min(3, n_ids - 1))]
-        ids += [10**6 + i * 100 + j for j in range(n_ids - len(ids))]
-        rows.append(dict(arrival_ms=t, input_tokens=inp, output_tokens=int(rng.integers(2, 60)), hash_ids=ids))
-    return make_trace(rows)
+    """Arrivals 4 ms apart on average: queues, preemption and eviction on small caches."""
+    return open_loop_trace(n, seed, gap_ms=4.0)
 
 
 def _sessions_trace():
-    """Four sessions of three turns; later turns are closed-loop (released by the previous finish)."""
-    rows = []
-    for s in range(4):
-        for turn in range(3):
-            rows.append(dict(arrival_ms=s * 5 + turn * 1000, input_tokens=64 + 32 * turn, output_tokens=5,
-                             hash_ids=[s * 100 + j for j in range(4 + 2 * turn)], session_id=f"s{s}",
-                             turn=turn, delay_ms=None if turn == 0 else 50))
-    rows.sort(key=lambda r: r["arrival_ms"])
-    return make_trace(rows)
+    return sessions_trace(4)
 
 
 def _replay(tmp_path, trace, name: str, fleet: dict, blocks: int = 40, **kwargs) -> dict:
