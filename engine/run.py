@@ -2,35 +2,27 @@
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from replay.base.atomic import atomic_dir, write_json_atomic
 from replay.base.errors import ConfigError
-from replay.base.parquet_io import CHECKSUMS
 from replay.engine.admission import Admission
 from replay.engine.arrivals import ArrivalPlan, plan_arrivals
 from replay.engine.autoscale import Autoscaler, build_policy
-from replay.engine.cluster_merge import merge_outputs
-from replay.engine.cluster_run import ClusterResult, MergedRecorder, replay_clusters
-from replay.engine.clusters import assign_clusters, split_plan
 from replay.engine.config import EngineConfig
 from replay.engine.core import EngineCore
 from replay.engine.fleet import FleetLoop, ProgressFn
 from replay.engine.fleet_partition import replica_targets, why_not_apart, why_replicas_share
 from replay.engine.fleet_scaling import FleetScaler
-from replay.engine.kv_tier_report import TierFigures, tier_names
+from replay.engine.kv_tier_report import tier_names
 from replay.engine.kv_tiers import TierPools
 from replay.engine.output_schema import RUN_FILE
+from replay.engine.parts_run import replay_in_parts
 from replay.engine.pd_fleet import PDFleetLoop
 from replay.engine.pd_outputs import PDRequestColumns
 from replay.engine.pd_run import (
@@ -41,9 +33,17 @@ from replay.engine.pd_run import (
     run_pd_fleet,
 )
 from replay.engine.pd_scaling import pool_scalers
+from replay.engine.prepared_trace import (  # the preparation step, also reached through this module
+    PreparedTrace,
+    RunSummary,
+    config_input_files,
+    prepare_trace,
+    prepare_trace_file,
+    store_trace,
+)
 from replay.engine.recorder import Recorder
 from replay.engine.replay_gc import without_collector
-from replay.engine.request_selection import ReplayedRequests, select_requests
+from replay.engine.request_selection import ReplayedRequests
 from replay.engine.routers import Router, RouterContext, build_router
 from replay.engine.run_info import ReplayFacts, build_run_info
 from replay.engine.run_setup import EngineSetup, resolve_setup
@@ -52,36 +52,11 @@ from replay.engine.scheduler import Scheduler
 from replay.engine.scheduler_factory import build_scheduler, tier_pools_for
 from replay.engine.slo_capacity import ReplicaCapacity
 from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
-from replay.engine.trace_ids import shared_lead_within
-from replay.engine.trace_input import TraceArrays, TraceArraysBuilder, trace_arrays
-from replay.ingest.fingerprint import TraceFingerprint, trace_fingerprint
-from replay.ingest.schema import TraceMetadata, TraceReader, read_trace
+from replay.engine.trace_input import TraceArrays
+from replay.ingest.schema import TraceMetadata
 
-
-@dataclass
-class RunSummary:
-    """What replay_trace gives back: where the outputs are, and run.json's content."""
-
-    outdir: Path
-    run_info: dict
-
-
-def config_input_files(config: EngineConfig, config_path: str | Path | None = None) -> list[Path]:
-    """Every file a run with ``config`` reads besides the trace: the config file itself, a calibrated
-    timing profile, a hardware profile YAML, a model's local ``config.json``. They are the run's inputs, so an output folder
-    that is or holds one of them is refused instead of replaced (replacing it would delete them)."""
-    files = [Path(config_path)] if config_path is not None else []
-    if config.timing.profile is not None:
-        files.append(Path(config.timing.profile).expanduser())
-    hardware = Path(config.hardware).expanduser()
-    if hardware.is_file():  # a profile YAML (docs/timing.md, "Hardware profiles")
-        files.append(hardware)
-    model = Path(config.model).expanduser()
-    if model.is_dir():
-        files.append(model / "config.json")
-    elif model.is_file():
-        files.append(model)
-    return files
+__all__ = ["FleetParts", "PreparedTrace", "RunSummary", "build_fleet_parts", "config_input_files",
+           "prepare_trace", "prepare_trace_file", "replay_prepared", "replay_trace", "run_fleet", "store_trace"]
 
 
 @dataclass(frozen=True)
@@ -210,78 +185,6 @@ def replay_end_ms(recorder: Recorder, selected: np.ndarray) -> float:
     return float(values.max()) if len(values) else 0.0
 
 
-def store_trace(prepared: PreparedTrace, outdir: str | Path, tmp: Path) -> Path:
-    """Where run.json points for the replayed trace: a canonical Parquet input stays where it is;
-    any other input is written (canonical, with its metadata) into the output directory."""
-    if prepared.in_place:
-        assert prepared.trace_path is not None
-        return Path(prepared.trace_path).resolve()
-    table, meta = prepared.table, prepared.meta
-    assert table is not None
-    metadata = {**(table.schema.metadata or {}), **meta.to_parquet_metadata()}
-    pq.write_table(table.replace_schema_metadata(metadata), tmp / "trace.parquet", compression="zstd", **CHECKSUMS)
-    return Path(outdir).resolve() / "trace.parquet"
-
-
-@dataclass
-class PreparedTrace:
-    """A trace made ready for the engine, so that a caller can let its Arrow table go before the
-    replay (at 10 M requests the table is 1.7 GB beside the engine's 1.5 GB of columns): the
-    fingerprint run.json records, the engine's columns, the rows to replay. ``table`` is kept only
-    where the replay still reads it: an input that is not a canonical Parquet file (stored with the
-    outputs) and a fleet of clusters (handed to its workers)."""
-
-    meta: TraceMetadata
-    fingerprint: str
-    arrays: TraceArrays
-    requests: ReplayedRequests
-    table: pa.Table | None
-    trace_path: str | Path | None
-    in_place: bool  # the input is a canonical Parquet file, which run.json names (else stored with the outputs)
-    prepare_s: float  # the replay's wall time counts its preparation
-
-
-@without_collector
-def prepare_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, setup: EngineSetup, *,
-                  trace_path: str | Path | None = None, on_error: str = "fail") -> PreparedTrace:
-    """Fingerprint ``table``, build the engine's columns and choose the rows to replay (an
-    unreplayable row is an error unless ``on_error`` is ``skip``)."""
-    start = time.perf_counter()
-    fingerprint = trace_fingerprint(table)
-    arrays = trace_arrays(table, meta.hash_block_size)
-    requests = select_requests(arrays, config, setup, on_error=on_error, trace_path=trace_path)
-    in_place = trace_path is not None and Path(trace_path).suffix == ".parquet" and meta is not None
-    clustered = config.fleet is not None and config.fleet.clusters > 1
-    return PreparedTrace(meta=meta, fingerprint=fingerprint, arrays=arrays, requests=requests,
-                         table=table if clustered or not in_place else None, trace_path=trace_path,
-                         in_place=in_place, prepare_s=time.perf_counter() - start)
-
-
-@without_collector
-def prepare_trace_file(path: str | Path, config: EngineConfig, setup: EngineSetup, *,
-                       on_error: str = "fail") -> PreparedTrace:
-    """``prepare_trace`` of a canonical Parquet trace, read a piece at a time into the
-    fingerprint and the engine's columns, so the trace's Arrow table is never held whole (at 10 M
-    reuse-heavy rows: 1.7 GB, beside the columns' 1.4 GB). A fleet of clusters hands the table to
-    its workers, so it reads the table."""
-    if config.fleet is not None and config.fleet.clusters > 1:
-        table, meta = read_trace(path, replayable=True)
-        return prepare_trace(table, meta, config, setup, trace_path=path, on_error=on_error)
-    start = time.perf_counter()
-    reader = TraceReader(path, replayable=True)
-    fingerprint = TraceFingerprint(reader.schema)
-    builder = TraceArraysBuilder(reader.num_rows, reader.meta.hash_block_size, reader.hash_id_bound())
-    for piece in reader.pieces():
-        fingerprint.add(piece)
-        builder.add(piece)
-        del piece
-    arrays = builder.finish()
-    del builder
-    requests = select_requests(arrays, config, setup, on_error=on_error, trace_path=path)
-    return PreparedTrace(meta=reader.meta, fingerprint=fingerprint.hexdigest(), arrays=arrays, requests=requests,
-                         table=None, trace_path=path, in_place=True, prepare_s=time.perf_counter() - start)
-
-
 @without_collector
 def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, outdir: str | Path, *,
                  trace_path: str | Path | None = None, config_source: str | None = None,
@@ -330,7 +233,7 @@ def replay_prepared(prepared: PreparedTrace, config: EngineConfig, outdir: str |
     common = dict(config_source=config_source, config_path=config_path, overwrite=overwrite,
                   check_invariants=check_invariants, fast_forward=fast_forward, progress=progress)
     if config.fleet is not None and config.fleet.clusters > 1:
-        return _replay_clustered(prepared, config, outdir, setup, wall_start, ray_address=ray_address,
+        return replay_in_parts(prepared, config, outdir, setup, wall_start, ray_address=ray_address,
                                  workers=workers, **common)
     if ray_address is not None:
         raise ConfigError("--ray replays the clusters of a fleet on Ray workers: set fleet.clusters above 1")
@@ -340,7 +243,7 @@ def replay_prepared(prepared: PreparedTrace, config: EngineConfig, outdir: str |
         plan = plan_arrivals(trace, config.load, config.seed, requests.selected)
         targets = replica_targets(config, trace, plan, requests.rejected, setup.num_gpu_blocks)
         if targets is not None:
-            return _replay_clustered(prepared, config, outdir, setup, wall_start, ray_address=None, workers=workers,
+            return replay_in_parts(prepared, config, outdir, setup, wall_start, ray_address=None, workers=workers,
                                      apart=(plan, targets), **common)
     if workers is not None and workers > 1:
         why = (why_replicas_share(config) or ("replicas_apart is off" if plan is None else why_not_apart(config, plan))
@@ -408,93 +311,3 @@ def replay_prepared(prepared: PreparedTrace, config: EngineConfig, outdir: str |
     for core in facts.cores:
         core.release()
     return RunSummary(outdir=Path(outdir), run_info=info)
-
-
-# Below this many requests, parallel processes gain less than forking them costs (a default of
-# ``workers=None`` only; the outputs are the same either way).
-_PROCESSES_FROM_REQUESTS = 4000
-
-
-def auto_workers(requests: int, parts: int) -> int:
-    """Processes for ``parts`` independent parts of a replay of ``requests`` requests when the user
-    named none: the cores this process may use, if the replay is large enough to gain."""
-    if requests < _PROCESSES_FROM_REQUESTS or parts < 2:
-        return 1
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, parts))
-
-
-def _replay_clustered(prepared: PreparedTrace, config: EngineConfig, outdir: str | Path, setup: EngineSetup,
-                      wall_start: float, *, config_source: str | None,
-                      config_path: str | Path | None, overwrite: bool, check_invariants: bool, fast_forward: bool,
-                      progress: ProgressFn | None, ray_address: str | None, workers: int | None,
-                      apart: tuple[ArrivalPlan, np.ndarray] | None = None) -> RunSummary:
-    """A fleet of clusters (engine/clusters.py), or a fleet whose replicas share nothing (``apart``:
-    its arrival plan and every row's replica, engine/fleet_partition.py), each part replayed on its
-    own (here, in local processes or on Ray), the outputs merged (engine/cluster_merge.py), one
-    run.json over the whole fleet."""
-    fleet = config.fleet
-    assert fleet is not None
-    trace, requests, meta, trace_path = prepared.arrays, prepared.requests, prepared.meta, prepared.trace_path
-    fingerprint, table = prepared.fingerprint, prepared.table
-    if ray_address is not None and table is None:
-        raise ConfigError("this trace was prepared for a fleet without clusters, which lets its table go: "
-                          "prepare it (prepare_trace) with the clustered config it is replayed with")
-    if apart is None:
-        plan = plan_arrivals(trace, config.load, config.seed, requests.selected)
-        cluster_of = assign_clusters(trace, plan, fleet.clusters, fleet.global_router, config.seed)
-        num_parts, noun = fleet.clusters, "cluster"
-    else:
-        (plan, cluster_of), num_parts, noun = apart, fleet.replicas, "replica"
-    plans = split_plan(plan, cluster_of, requests.rejected, num_parts, fleet.replicas // num_parts)
-    if apart is not None:  # a replica's requests can hit only what its own requests computed
-        lead = shared_lead_within(trace.hash_values, trace.hash_offsets, cluster_of)
-        plans = [dataclasses.replace(cp, shared_lead=lead) for cp in plans]
-    if workers is None:
-        workers = auto_workers(len(requests.selected), num_parts)
-    inputs = [trace_path, *config_input_files(config, config_path)]
-    with atomic_dir(outdir, overwrite=overwrite, inputs=inputs) as tmp:
-        work = tmp / ".clusters"
-        work.mkdir()
-        results = replay_clusters(trace, table, meta.hash_block_size, config, setup, plans, work,
-                                  ray_address=ray_address, workers=workers, check_invariants=check_invariants,
-                                  fast_forward=fast_forward, progress=progress, noun=noun)
-        merge_outputs([work / f"cluster-{cp.cluster}" for cp in plans], [r.rows for r in results],
-                      [cp.replica_offset for cp in plans], tmp)
-        shutil.rmtree(work)
-        trace_file = store_trace(prepared, outdir, tmp)
-        replicas = [rep for r in results for rep in r.replicas]
-        facts = ReplayFacts(config=config, config_source=config_source, setup=setup,
-                            fingerprint=fingerprint, meta=meta, trace=trace, trace_file=trace_file,
-                            selected=requests.selected, rejected=requests.rejected, cores=replicas,  # type: ignore[arg-type]
-                            recorder=MergedRecorder.of(len(trace), results),  # type: ignore[arg-type]
-                            simulated_span_ms=max(r.span_ms for r in results),
-                            wall_time_s=round(time.perf_counter() - wall_start, 3),
-                            session_delay_rule=plan.delay_rule, tiers=_cluster_tiers(results))
-        info = build_run_info(facts)
-        if apart is None:
-            info["fleet"]["clusters"] = fleet.clusters
-            info["fleet"]["global_router"] = fleet.global_router
-        else:
-            info["fleet"]["replicas_apart"] = True
-        info["fleet"]["ran_on"] = ("ray" if ray_address is not None
-                                   else f"{min(workers, num_parts)} processes" if workers > 1 else "local")
-        span_ms = facts.simulated_span_ms
-        info["cost"] = cost_summary(config, fleet.replicas * span_ms, fleet.replicas * span_ms
-                                    * config.tensor_parallel_size, span_ms)
-        write_json_atomic(tmp / RUN_FILE, info)
-    return RunSummary(outdir=Path(outdir), run_info=info)
-
-
-def _cluster_tiers(results: list[ClusterResult]) -> list[TierFigures] | None:
-    """The clusters' KV tier figures added up, tier by tier (None without tiers)."""
-    if not results or not results[0].tiers:
-        return None
-    total = [copy.deepcopy(f) for f in results[0].tiers]
-    for r in results[1:]:
-        for mine, theirs in zip(total, r.tiers):
-            mine.add(theirs)
-    return total
