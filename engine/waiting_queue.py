@@ -1,11 +1,24 @@
-"""vLLM's request queues: FCFS deque, or a priority heap ordered by (priority, arrival)."""
+"""vLLM's request queues: FCFS deque, or a priority heap ordered by (priority, arrival).
+
+vLLM 0.33 keeps waiting requests that hold KV blocks (a KV load in flight or finished, or computed
+tokens while waiting) in a queue of their own, ``kv_holding_waiting``, drained before ``waiting``
+(v1/core/sched/scheduler.py: "a block-holder must never sit behind a request whose failed
+allocation would stop the scheduling scan"); a preempted request goes to the head of ``waiting``,
+so behind them. The FCFS deque keeps that order in one queue: block holders first, each group in
+vLLM's order.
+"""
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
 
-from replay.engine.request import Request
+from replay.engine.request import Request, RequestStatus
+
+
+def holds_kv_blocks(req: Request) -> bool:
+    """vLLM 0.33 ``_holds_kv_blocks``: computed tokens while waiting, or a KV load it waits for."""
+    return req.num_computed_tokens > 0 or req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
 class FCFSQueue:
@@ -18,8 +31,21 @@ class FCFSQueue:
         self._q.append(req)
 
     def prepend(self, req: Request) -> None:
-        """Preempted requests go back to the head (vLLM: waiting.prepend_request)."""
-        self._q.appendleft(req)
+        """Back to the head of its group (vLLM: prepend_request on kv_holding_waiting or waiting): a
+        request holding KV blocks to the very head, any other (a preempted one, or one skipped this
+        step) behind the block holders, whose allocations would otherwise never be reached."""
+        q = self._q
+        if holds_kv_blocks(req):
+            q.appendleft(req)
+            return
+        i = 0
+        n = len(q)
+        while i < n and holds_kv_blocks(q[i]):
+            i += 1
+        if i == 0:
+            q.appendleft(req)
+        else:
+            q.insert(i, req)
 
     def peek(self) -> Request:
         return self._q[0]

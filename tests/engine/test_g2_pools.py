@@ -83,3 +83,42 @@ def test_a_store_g2_refuses_reaches_the_chain_once(tmp_path):
     assert info["totals"]["cpu_store_skipped_full"] > 0
     assert tier["blocks_written"] <= info["totals"]["cpu_blocks_stored"]
     assert tier["link_utilization"]["write"] <= 1.0
+
+
+def test_requests_holding_blocks_are_served_before_a_preempted_one(tmp_path):
+    # vLLM 0.33 keeps waiting requests that hold KV blocks (a finished CPU load) in their own queue,
+    # served first; a preempted request re-enters behind them. With one queue and the preempted
+    # request at the head, a replica with loads done and nothing running stopped ("cannot make
+    # progress", 171 of 299 blocks free): the loads' blocks were never reached.
+    from typer.testing import CliRunner
+
+    from replay.cli import app
+
+    trace = tmp_path / "synth.parquet"
+    res = CliRunner().invoke(app, ["synth", "-n", "5000", "--turns-mean", "1", "-o", str(trace)])
+    assert res.exit_code == 0, res.output
+    data = {"kv_cache": {"num_gpu_blocks": 250}, "host_offload": {"num_cpu_blocks": 400},
+            "load": {"max_requests": 800}}
+    cfg = EngineConfig.model_validate(data)
+    setup = resolve_setup(cfg)
+    prepared = prepare_any_trace(trace, cfg, setup, on_error="skip")
+    info = replay_prepared(prepared, cfg, tmp_path / "o", setup=setup).run_info
+    assert info["totals"]["unfinished"] == 0 and info["totals"]["preemptions"] > 0
+
+
+def test_the_fcfs_queue_keeps_block_holders_first():
+    from types import SimpleNamespace
+
+    from replay.engine.request import RequestStatus
+    from replay.engine.waiting_queue import FCFSQueue
+
+    def req(name: str, computed: int = 0, status: RequestStatus = RequestStatus.WAITING):
+        return SimpleNamespace(name=name, num_computed_tokens=computed, status=status)
+
+    q = FCFSQueue()
+    for r in (req("loading", status=RequestStatus.WAITING_FOR_REMOTE_KVS), req("loaded", computed=64),
+              req("new")):
+        q.add(r)
+    q.prepend(req("preempted", status=RequestStatus.PREEMPTED))  # behind the two holding blocks
+    q.prepend(req("skipped-load", status=RequestStatus.WAITING_FOR_REMOTE_KVS))  # at the very head
+    assert [r.name for r in q] == ["skipped-load", "loading", "loaded", "preempted", "new"]
