@@ -29,6 +29,12 @@ class ArrivalPlan:
     concurrency_order: np.ndarray | None = None
     delay_rule: str = ""
 
+    def released_rows(self) -> np.ndarray:
+        """Every request index the plan releases outside concurrency mode: its open arrivals, then
+        its closed-loop turns (each turn once, in its parent's order)."""
+        turns = [child for deps in self.dependents.values() for child, _ in deps]
+        return np.concatenate([np.asarray(self.open_order, dtype=np.int64), np.asarray(turns, dtype=np.int64)])
+
 
 def check_clock(horizon_ms: float, key: str, fix: str) -> None:
     """Refuse a load whose arrivals lie beyond 2^42 ms: past it the engine's float64 millisecond clock no

@@ -195,7 +195,7 @@ def replay_clusters(trace: TraceArrays, table: pa.Table | None, hash_block_size:
             return _run_in_processes(work, progress)
         # One process: the parts write the output's chunk and step files themselves (no merge).
         work.shared = SharedOutputs(workdir.parent)
-        work.request_rows = np.unique(np.concatenate([_plan_rows(cp) for cp in plans]))
+        work.request_rows = np.unique(np.concatenate([cp.plan.released_rows() for cp in plans]))
         try:
             results = work.run_slot(0, progress)
         except BaseException:
@@ -217,12 +217,6 @@ def replay_clusters(trace: TraceArrays, table: pa.Table | None, hash_block_size:
             (d / name).write_bytes(data)
         result.files = {}
     return [local, *remote]
-
-
-def _plan_rows(cp: ClusterPlan) -> np.ndarray:
-    """Every trace row a part's plan releases: its open arrivals and its closed-loop turns."""
-    children = [child for deps in cp.plan.dependents.values() for child, _ in deps]
-    return np.concatenate([np.asarray(cp.plan.open_order, dtype=np.int64), np.asarray(children, dtype=np.int64)])
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,9 @@ class DecodeWindowStart:
         self.finish_is_quiet = finish_is_quiet
 
 
+_NO_STEPS: list[float] = []  # the durations of a window that took no step (shared, never written)
+
+
 class DecodeWindowResult:
     """How far a window went: ``num_steps`` steps (0: no window, the scheduler takes the next
     step), ending at ``end_ms`` (the start time when no step was taken); ``durations`` holds the
@@ -114,10 +117,10 @@ class DecodeWindowResult:
 
     __slots__ = ("end_ms", "num_steps", "durations")
 
-    def __init__(self, end_ms: float, num_steps: int, durations: list[float] | None = None) -> None:
+    def __init__(self, end_ms: float, num_steps: int, durations: list[float]) -> None:
         self.end_ms = end_ms
         self.num_steps = num_steps
-        self.durations: list[float] = durations if durations is not None else []
+        self.durations = durations
 
 
 def run_decode_window(replica: DecodeWindowReplica, start: DecodeWindowStart) -> DecodeWindowResult:
@@ -128,12 +131,12 @@ def run_decode_window(replica: DecodeWindowReplica, start: DecodeWindowStart) ->
     nrun = len(running)
     now = start.now
     if not nrun or nrun > sched.limits.max_num_batched_tokens:
-        return DecodeWindowResult(now, 0)
+        return DecodeWindowResult(now, 0, _NO_STEPS)
     max_model_len = sched.limits.max_model_len
     # Window step m finishes a request: it ends the window, or goes through the scheduler.
     m = _first_finish_step(running, max_model_len)
     if m < replica.min_steps or not sched.waiting_is_blocked():  # the queue check last: it may look up the head
-        return DecodeWindowResult(now, 0)
+        return DecodeWindowResult(now, 0, _NO_STEPS)
     finished = start.finished
     absorb = finished is not None and _finish_joins_window(sched, m, start.finish_is_quiet)
     run = replica.decode_run(nrun) if replica.decode_run is not None else None
@@ -149,7 +152,7 @@ def run_decode_window(replica: DecodeWindowReplica, start: DecodeWindowStart) ->
         s = m  # the finishing step would end after the next event, which must not see its finishes
     if s == 0:
         window.rewind()
-        return DecodeWindowResult(now, 0)
+        return DecodeWindowResult(now, 0, _NO_STEPS)
     window.advance(s)
     num_running_after = nrun
     if s > m and finished is not None:  # the last step finished requests (update_from_output), freed
@@ -240,10 +243,10 @@ def open_decode_window(replica: DecodeWindowReplica, start: DecodeWindowStart) -
     nrun = len(running)
     now = start.now
     if not nrun or nrun > sched.limits.max_num_batched_tokens:
-        return DecodeWindowResult(now, 0)
+        return DecodeWindowResult(now, 0, _NO_STEPS)
     m = _first_finish_step(running, sched.limits.max_model_len)
     if m < replica.min_steps or not sched.waiting_is_blocked():
-        return DecodeWindowResult(now, 0)
+        return DecodeWindowResult(now, 0, _NO_STEPS)
     if sched.offload is not None:
         return None
     finished = start.finished
@@ -257,7 +260,7 @@ def open_decode_window(replica: DecodeWindowReplica, start: DecodeWindowStart) -
     clock.fill(cap, horizon)
     s = bisect_left(clock.times, horizon, 0, min(cap, len(clock.durations)))
     if s == 0:
-        return DecodeWindowResult(now, 0)
+        return DecodeWindowResult(now, 0, _NO_STEPS)
     # Allocations of steps 0 .. s-1: each request takes a block every block_size steps from its
     # first boundary on; none fails while they fit in the free blocks (the free count only falls).
     kv = sched.kv

@@ -69,7 +69,7 @@ def why_not_apart(config: EngineConfig, plan: ArrivalPlan) -> str | None:
         return f"beyond {MAX_APART_REPLICAS} replicas the fleet runs in one loop (each replica apart would span the trace)"
     if plan.concurrency:
         return "load.mode concurrency shares its slots over the whole fleet"
-    requests = len(plan.open_order) + sum(len(d) for d in plan.dependents.values())
+    requests = len(plan.released_rows())
     if requests > MAX_APART_REQUESTS:
         return (f"{requests:,} requests: beyond {MAX_APART_REQUESTS:,} the fleet runs in one loop, which hands "
                 "back the memory of the requests served")
@@ -98,8 +98,7 @@ def replica_targets(config: EngineConfig, trace: TraceArrays, plan: ArrivalPlan,
     ctx = RouterContext(num_replicas=n, block_size=config.kv_cache.block_size, num_gpu_blocks=num_gpu_blocks,
                         seed=config.seed, trace=trace)
     router = build_router(fleet.router, fleet.router_options, ctx)
-    children = np.fromiter((child for deps in plan.dependents.values() for child, _ in deps), dtype=np.int64)
-    rows = np.concatenate([order, children])
+    rows = plan.released_rows()
     static = router.static_targets(rows)
     if static is None:
         return None

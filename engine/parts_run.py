@@ -51,10 +51,10 @@ def auto_workers(requests: int, parts: int) -> int:
 
 
 def replay_in_parts(prepared: PreparedTrace, config: EngineConfig, outdir: str | Path, setup: EngineSetup,
-                      wall_start: float, *, config_source: str | None,
-                      config_path: str | Path | None, overwrite: bool, check_invariants: bool, fast_forward: bool,
-                      progress: ProgressFn | None, ray_address: str | None, workers: int | None,
-                      apart: tuple[ArrivalPlan, np.ndarray] | None = None) -> RunSummary:
+                    wall_start: float, *, config_source: str | None,
+                    config_path: str | Path | None, overwrite: bool, check_invariants: bool, fast_forward: bool,
+                    progress: ProgressFn | None, ray_address: str | None, workers: int | None,
+                    apart: tuple[ArrivalPlan, np.ndarray] | None = None) -> RunSummary:
     """A fleet of clusters (engine/clusters.py), or a fleet whose replicas share nothing (``apart``:
     its arrival plan and every row's replica, engine/fleet_partition.py), each part replayed on its
     own (here, in local processes or on Ray), the outputs merged (engine/cluster_merge.py), one
