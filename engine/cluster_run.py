@@ -31,9 +31,10 @@ from replay.engine.config import EngineConfig
 from replay.engine.core import EngineCore
 from replay.engine.fleet import FleetLoop, ProgressFn
 from replay.engine.kv_tier_report import TierFigures, tier_figures, tier_names
+from replay.engine.lockstep import ExchangeSeat, LockstepRouter, PeerStopped
 from replay.engine.recorder import Recorder
 from replay.engine.replay_gc import without_collector
-from replay.engine.routers import RouterContext, build_router
+from replay.engine.routers import Router, RouterContext, build_router
 from replay.engine.run_setup import EngineSetup, resolve_setup
 from replay.engine.scheduler_factory import build_scheduler, tier_pools_for
 from replay.engine.shared_outputs import SharedOutputs
@@ -103,6 +104,19 @@ def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup,
     """Replay one cluster's requests on its replicas, behind its own router, into ``outdir`` (its
     chunk runs and steps into ``shared`` instead when given: engine/shared_outputs.py, with
     ``request_rows`` the rows of the merged requests file)."""
+    seat = cp.lockstep_seat
+    try:
+        return _replay_part(trace, config, setup, cp, outdir, check_invariants=check_invariants,
+                            fast_forward=fast_forward, progress=progress, shared=shared, request_rows=request_rows)
+    except BaseException:
+        if isinstance(seat, ExchangeSeat):  # the other parts of a fleet in step wait for this one: they stop
+            seat.abandon()
+        raise
+
+
+def _replay_part(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, cp: ClusterPlan, outdir: Path, *,
+                 check_invariants: bool, fast_forward: bool, progress: ProgressFn | None,
+                 shared: SharedOutputs | None, request_rows: np.ndarray | None) -> ClusterResult:
     fleet = config.fleet
     assert fleet is not None
     per = cp.replicas
@@ -115,8 +129,17 @@ def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup,
     schedulers = [build_scheduler(config, setup.num_gpu_blocks, setup.max_model_len, sampler=sampler,
                                   kv_bytes_per_token=setup.kv_bytes_per_token, tier_pools=tier_pools, replica=i)
                   for i in range(per)]
-    router = None
-    if per > 1:
+    router: Router | None = None
+    seat = cp.lockstep_seat
+    if seat is not None:
+        # A part of a fleet in step: its router prices the part's replicas and chooses as the whole
+        # fleet's would, from the same seeded stream (engine/lockstep.py).
+        assert isinstance(seat, ExchangeSeat)
+        ctx = RouterContext(num_replicas=per, block_size=config.kv_cache.block_size,
+                            num_gpu_blocks=setup.num_gpu_blocks, seed=config.seed, trace=trace)
+        router = LockstepRouter(build_router(fleet.router, fleet.router_options, ctx), seat)
+        seat.start()
+    elif per > 1:
         # Each cluster's router has its own seed (random routing must not repeat across clusters).
         ctx = RouterContext(num_replicas=per, block_size=config.kv_cache.block_size,
                             num_gpu_blocks=setup.num_gpu_blocks, seed=config.seed + cp.cluster, trace=trace)
@@ -134,7 +157,11 @@ def replay_cluster(trace: TraceArrays, config: EngineConfig, setup: EngineSetup,
                      router_latency_ms=fleet.router_latency_ms, progress=progress, shared_lead=cp.shared_lead)
     if tier_pools is not None:
         tier_pools.set_clock(lambda: loop.now)
+    if seat is not None and cp.cluster > 0:
+        loop.records_refused = False  # part 0 records them
     loop.run_recorded()
+    if seat is not None:
+        seat.finish()
     rows = np.flatnonzero(recorder.replayed)
     replica = recorder.replica[rows].astype(np.int64)
     replica[replica >= 0] += cp.replica_offset
@@ -347,7 +374,12 @@ def _run_in_processes(work: _PartQueue, progress: ProgressFn | None) -> list[Clu
                     fut.result()
 
         try:
-            results = work.run_slot(0, progress, between=check_workers)
+            try:
+                results = work.run_slot(0, progress, between=check_workers)
+            except PeerStopped:  # a part in step failed in a worker: report its error, not this one
+                wait(futures, timeout=10.0)
+                check_workers()
+                raise
             while wait(futures, timeout=0.5).not_done:
                 work.report(progress)
                 check_workers()

@@ -49,6 +49,9 @@ class ClusterPlan:
     # Per trace row, its leading ids that another row of the same part has too (a fleet replayed
     # replica by replica: engine/trace_ids.shared_lead_within over the parts); None: the loop's own.
     shared_lead: np.ndarray | None = None
+    # A fleet replayed in step by several processes (engine/lockstep.py): the part's seat in the
+    # cost exchange, which wraps the part's router; None for a cluster or a replica replayed apart.
+    lockstep_seat: object | None = None
 
 
 def _session_hash(trace: TraceArrays, rows: np.ndarray, k: int) -> np.ndarray:

@@ -173,11 +173,14 @@ class EngineCore:
                 if sched.held_requests:
                     return math.inf, False  # P/D prefill replica: a decode replica's read frees blocks
                 raise ReplayError(self.stuck_message(now))
-            self.idle_spins = self.idle_spins + 1 if nxt <= now else 0
+            # A step that only preempted retries at once, as vLLM's engine loop calls schedule()
+            # again (the preempted request waits now, and may fit); one that did nothing waits for
+            # the next event that could change anything.
+            retry = now if out.num_preempted or nxt == math.inf else max(now, nxt)
+            self.idle_spins = self.idle_spins + 1 if retry <= now else 0
             if self.idle_spins > 4 + len(sched.running):
                 raise ReplayError(self.stuck_message(now))
-            # A step that only preempted retries at the same time.
-            return (max(now, nxt) if nxt != math.inf else now), False
+            return retry, False
         self.idle_spins = 0
         passes = self.spec_k if self.spec_k and out.num_decode_reqs + out.num_prefill_reqs else 0
         dur = self.timer.step_ms(out.num_prefill_reqs, out.prefill_tokens, out.prefill_ctx_tokens,

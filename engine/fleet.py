@@ -95,6 +95,10 @@ class FleetLoop(ReplicaBounds):
         self.block_size = block_size
         self.hash_lookahead = hash_lookahead
         self.rejected = rejected
+        # False: a part of a fleet in step other than the first (engine/lockstep.py): rows refused up
+        # front still arrive (an arrival is an instant a stalled replica acts again, as in the single
+        # loop) but are recorded by the first part.
+        self.records_refused = True
         self.latency = router_latency_ms
         self.progress = progress
         self.num_done = 0
@@ -199,8 +203,9 @@ class FleetLoop(ReplicaBounds):
             control.arrived(idx)
         reason = self.rejected.get(idx)
         if reason is not None:
-            self.rec.request_rejected(idx, time_ms, reason)
-            self._request_done(idx, time_ms)
+            if self.records_refused:
+                self.rec.request_rejected(idx, time_ms, reason)
+                self._request_done(idx, time_ms)
             return
         req = self.make_request(idx, time_ms)
         if self.admission is not None:
@@ -216,7 +221,10 @@ class FleetLoop(ReplicaBounds):
             if self._lazy:  # the router reads every replica as it is now
                 sync_open_windows(self.cores, time_ms)
             live = self.live_views
-            rid = live[self.router.route(req, live, time_ms)].replica
+            pos = self.router.route(req, live, time_ms)
+            if pos is None:  # another process's replicas take it (a fleet in step: engine/lockstep.py)
+                return
+            rid = live[pos].replica
         self.rec.replica[idx] = rid
         self.register_parent(req, rid)
         self.deliver(req, self.cores[rid], time_ms + self.latency, kind)

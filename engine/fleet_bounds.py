@@ -161,7 +161,7 @@ class ReplicaBounds:
         router = self.router
         if self.control is not None:  # replicas come and go: any arrival may go anywhere
             return "any"
-        if len(self.cores) == 1 or router is None:
+        if router is None or (len(self.cores) == 1 and not router.passes_some_requests):
             return "single"
         if router.reads_replica_state or self.rejected or self.admission is not None:  # a rejected row is routed nowhere
             return "any"

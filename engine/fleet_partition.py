@@ -38,6 +38,17 @@ MAX_APART_REPLICAS = 64
 def why_replicas_share(config: EngineConfig) -> str | None:
     """Why this config's replicas cannot be replayed apart, or None when its config allows it
     (the arrival plan may still forbid it: ``replica_targets``)."""
+    why = why_not_one_pool(config)
+    if why is not None:
+        return why
+    assert config.fleet is not None
+    if config.fleet.router not in _REQUEST_ONLY:
+        return f"fleet.router {config.fleet.router} reads the replicas' state at every arrival"
+    return why_replicas_meet(config)
+
+
+def why_not_one_pool(config: EngineConfig) -> str | None:
+    """Why this config is not one pool of several replicas behind one router (None: it is)."""
     fleet = config.fleet
     if fleet is None or fleet.replicas < 2:
         return "a single replica"
@@ -45,8 +56,14 @@ def why_replicas_share(config: EngineConfig) -> str | None:
         return "a disaggregated fleet's pools exchange KV"
     if fleet.clusters > 1:
         return "a fleet of clusters is replayed cluster by cluster"
-    if fleet.router not in _REQUEST_ONLY:
-        return f"fleet.router {fleet.router} reads the replicas' state at every arrival"
+    return None
+
+
+def why_replicas_meet(config: EngineConfig) -> str | None:
+    """What besides the router ties the replicas of one pool together (None: nothing), for
+    replicas replayed apart or in step (engine/lockstep.py)."""
+    fleet = config.fleet
+    assert fleet is not None
     if fleet.autoscale is not None:
         return "fleet.autoscale decides from the whole fleet's load"
     if fleet.admission is not None:

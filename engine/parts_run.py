@@ -26,6 +26,7 @@ from replay.engine.clusters import assign_clusters, split_plan
 from replay.engine.config import EngineConfig
 from replay.engine.fleet import ProgressFn
 from replay.engine.kv_tier_report import TierFigures
+from replay.engine.lockstep import CostExchange, lockstep_plans, part_bounds
 from replay.engine.output_schema import RUN_FILE
 from replay.engine.prepared_trace import PreparedTrace, RunSummary, config_input_files, store_trace
 from replay.engine.run_info import ReplayFacts, build_run_info
@@ -38,27 +39,45 @@ from replay.engine.trace_ids import shared_lead_within
 _PROCESSES_FROM_REQUESTS = 4000
 
 
+def parts_in_step(requests: int, replicas: int, workers: int | None) -> int:
+    """Processes (parts) for a fleet replayed in step (engine/lockstep.py): ``workers`` when named
+    (at most one per replica); when not, 2 once the replay is large enough to gain and this process
+    may use two cores, however many more it has, so that the same command writes the same bytes on
+    every such machine (the parts' step and chunk rows come part after part). Parts wait for each
+    other at every arrival, the more often the more parts; only two have been measured
+    (bench/README.md, "Replicas in step")."""
+    if workers is None:
+        workers = 2 if requests >= _PROCESSES_FROM_REQUESTS and _usable_cores() >= 2 else 1
+    return max(1, min(workers, replicas))
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
 def auto_workers(requests: int, parts: int) -> int:
     """Processes for ``parts`` independent parts of a replay of ``requests`` requests when the user
     named none: the cores this process may use, if the replay is large enough to gain."""
     if requests < _PROCESSES_FROM_REQUESTS or parts < 2:
         return 1
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, parts))
+    return max(1, min(_usable_cores(), parts))
 
 
 def replay_in_parts(prepared: PreparedTrace, config: EngineConfig, outdir: str | Path, setup: EngineSetup,
                     wall_start: float, *, config_source: str | None,
                     config_path: str | Path | None, overwrite: bool, check_invariants: bool, fast_forward: bool,
                     progress: ProgressFn | None, ray_address: str | None, workers: int | None,
-                    apart: tuple[ArrivalPlan, np.ndarray] | None = None) -> RunSummary:
+                    apart: tuple[ArrivalPlan, np.ndarray] | None = None,
+                    in_step: tuple[ArrivalPlan, int] | None = None) -> RunSummary:
     """A fleet of clusters (engine/clusters.py), or a fleet whose replicas share nothing (``apart``:
     its arrival plan and every row's replica, engine/fleet_partition.py), each part replayed on its
-    own (here, in local processes or on Ray), the outputs merged (engine/cluster_merge.py), one
-    run.json over the whole fleet."""
+    own (here, in local processes or on Ray), or a fleet behind a cost-picking router split into
+    parts replayed in step by as many processes (``in_step``: its arrival plan and the number of
+    parts, engine/lockstep.py); the outputs merged (engine/cluster_merge.py), one run.json over the
+    whole fleet."""
     fleet = config.fleet
     assert fleet is not None
     trace, requests, meta, trace_path = prepared.arrays, prepared.requests, prepared.meta, prepared.trace_path
@@ -66,16 +85,24 @@ def replay_in_parts(prepared: PreparedTrace, config: EngineConfig, outdir: str |
     if ray_address is not None and table is None:
         raise ConfigError("this trace was prepared for a fleet without clusters, which lets its table go: "
                           "prepare it (prepare_trace) with the clustered config it is replayed with")
-    if apart is None:
-        plan = plan_arrivals(trace, config.load, config.seed, requests.selected)
-        cluster_of = assign_clusters(trace, plan, fleet.clusters, fleet.global_router, config.seed)
-        num_parts, noun = fleet.clusters, "cluster"
+    if in_step is not None:
+        plan, num_parts = in_step
+        bounds = part_bounds(fleet.replicas, num_parts)
+        exchange = CostExchange(bounds)  # shared with the processes forked below
+        plans = [dataclasses.replace(cp, lockstep_seat=exchange.seat(cp.cluster))
+                 for cp in lockstep_plans(plan, requests.rejected, bounds)]
+        noun, workers = "part", num_parts  # every part at once: they wait for each other
     else:
-        (plan, cluster_of), num_parts, noun = apart, fleet.replicas, "replica"
-    plans = split_plan(plan, cluster_of, requests.rejected, num_parts, fleet.replicas // num_parts)
-    if apart is not None:  # a replica's requests can hit only what its own requests computed
-        lead = shared_lead_within(trace.hash_values, trace.hash_offsets, cluster_of)
-        plans = [dataclasses.replace(cp, shared_lead=lead) for cp in plans]
+        if apart is None:
+            plan = plan_arrivals(trace, config.load, config.seed, requests.selected)
+            cluster_of = assign_clusters(trace, plan, fleet.clusters, fleet.global_router, config.seed)
+            num_parts, noun = fleet.clusters, "cluster"
+        else:
+            (plan, cluster_of), num_parts, noun = apart, fleet.replicas, "replica"
+        plans = split_plan(plan, cluster_of, requests.rejected, num_parts, fleet.replicas // num_parts)
+        if apart is not None:  # a replica's requests can hit only what its own requests computed
+            lead = shared_lead_within(trace.hash_values, trace.hash_offsets, cluster_of)
+            plans = [dataclasses.replace(cp, shared_lead=lead) for cp in plans]
     if workers is None:
         workers = auto_workers(len(requests.selected), num_parts)
     inputs = [trace_path, *config_input_files(config, config_path)]
@@ -98,7 +125,9 @@ def replay_in_parts(prepared: PreparedTrace, config: EngineConfig, outdir: str |
                             wall_time_s=round(time.perf_counter() - wall_start, 3),
                             session_delay_rule=plan.delay_rule, tiers=_cluster_tiers(results))
         info = build_run_info(facts)
-        if apart is None:
+        if in_step is not None:
+            info["fleet"]["replicas_in_step"] = num_parts
+        elif apart is None:
             info["fleet"]["clusters"] = fleet.clusters
             info["fleet"]["global_router"] = fleet.global_router
         else:

@@ -21,8 +21,9 @@ from replay.engine.fleet_partition import replica_targets, why_not_apart, why_re
 from replay.engine.fleet_scaling import FleetScaler
 from replay.engine.kv_tier_report import tier_names
 from replay.engine.kv_tiers import TierPools
+from replay.engine.lockstep import LOCKSTEP_ROUTERS, why_not_lockstep
 from replay.engine.output_schema import RUN_FILE
-from replay.engine.parts_run import replay_in_parts
+from replay.engine.parts_run import parts_in_step, replay_in_parts
 from replay.engine.pd_fleet import PDFleetLoop
 from replay.engine.pd_outputs import PDRequestColumns
 from replay.engine.pd_run import (
@@ -185,6 +186,11 @@ def replay_end_ms(recorder: Recorder, selected: np.ndarray) -> float:
     return float(values.max()) if len(values) else 0.0
 
 
+def fleet_router_in_step(config: EngineConfig) -> bool:
+    """Whether the fleet's router is one whose replicas can be replayed in step (engine/lockstep.py)."""
+    return config.fleet is not None and config.fleet.router in LOCKSTEP_ROUTERS
+
+
 @without_collector
 def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, outdir: str | Path, *,
                  trace_path: str | Path | None = None, config_source: str | None = None,
@@ -245,11 +251,20 @@ def replay_prepared(prepared: PreparedTrace, config: EngineConfig, outdir: str |
         if targets is not None:
             return replay_in_parts(prepared, config, outdir, setup, wall_start, ray_address=None, workers=workers,
                                      apart=(plan, targets), **common)
+        why_not_in_step = why_not_lockstep(config, plan)
+        if why_not_in_step is None:
+            parts = parts_in_step(len(requests.selected), config.fleet.replicas, workers)  # type: ignore[union-attr]
+            if parts > 1:
+                return replay_in_parts(prepared, config, outdir, setup, wall_start, ray_address=None,
+                                         workers=parts, in_step=(plan, parts), **common)
     if workers is not None and workers > 1:
         why = (why_replicas_share(config) or ("replicas_apart is off" if plan is None else why_not_apart(config, plan))
                or "a closed-loop turn can go to another replica than the turn it follows")
-        raise ConfigError("--workers replays the clusters of a fleet (fleet.clusters above 1), or the replicas of a "
-                          f"fleet that share nothing, in parallel processes; here they cannot be: {why}")
+        if plan is not None and why_replicas_share(config) is not None and fleet_router_in_step(config):
+            why = why_not_lockstep(config, plan) or why
+        raise ConfigError("--workers replays the clusters of a fleet (fleet.clusters above 1), the replicas of a "
+                          "fleet that share nothing, or a kv_aware or least_loaded fleet's replicas in step, in parallel processes; "
+                          f"here they cannot be: {why}")
     inputs = [trace_path, *config_input_files(config, config_path)]
     if disaggregated:
         pd_parts = build_pd_parts(trace, config, setup, requests.selected)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from replay.engine.config import EngineConfig
 from replay.engine.run import replay_trace
@@ -122,3 +123,18 @@ def sessions_trace(sessions: int = 3) -> tuple[pa.Table, TraceMetadata]:
                              turn=turn, delay_ms=None if turn == 0 else 50))
     rows.sort(key=lambda r: r["arrival_ms"])
     return make_trace(rows)
+
+
+def sorted_table(path: Path) -> pa.Table:
+    """A Parquet file's rows, sorted by every column (to compare files whose row order differs)."""
+    table = pq.read_table(path)
+    return table.sort_by([(c, "ascending") for c in table.column_names])
+
+
+def same_results(a: Path, b: Path) -> None:
+    """Two replays' outputs hold the same requests (byte for byte) and the same step and chunk rows
+    (in any order)."""
+    assert (a / "requests.parquet").read_bytes() == (b / "requests.parquet").read_bytes()
+    for name in ("steps.parquet", "chunks.parquet"):
+        if (a / name).exists() or (b / name).exists():
+            assert sorted_table(a / name).equals(sorted_table(b / name)), name

@@ -51,6 +51,14 @@ class Router:
     # True: route() asks every replica's prefix cache (prefix_hit_blocks_of): the fleet keeps an index
     # of the replicas' cached trace blocks for it
     reads_prefix_caches = False
+    # True: the choice is the best of costs each replica's own state gives (``quote``), chosen over
+    # the whole fleet's costs (``choose``) and recorded on the chosen replica alone (``commit``). Such
+    # a fleet's replicas can be replayed in step by several processes, each pricing its own replicas
+    # (engine/lockstep.py); ``route`` must be exactly quote, choose, commit.
+    picks_by_cost: ClassVar[bool] = False
+    # True: ``route`` may return None, the request going to replicas another process replays (a
+    # fleet in step, engine/lockstep.py); such a router is asked even by a part of one replica.
+    passes_some_requests = False
 
     def __init__(self, ctx: RouterContext, options) -> None:
         self.ctx = ctx
@@ -65,6 +73,19 @@ class Router:
         fleet it is every replica, in id order, at every call; in an autoscaled fleet
         (engine/fleet_scaling.py) replicas join and leave it, so a router keys the state it keeps
         per replica by ``view.replica`` (the id, below ``ctx.num_replicas``), not by position."""
+        raise NotImplementedError
+
+    def quote(self, req: Request, replicas: list[ReplicaView], now_ms: float):
+        """``picks_by_cost`` routers: a record with ``costs``, one per replica of ``replicas``, each
+        from that replica's state and what this router keeps of it alone."""
+        raise NotImplementedError
+
+    def choose(self, costs: list[float]) -> int:
+        """``picks_by_cost`` routers: the position of the chosen cost, over every live replica's."""
+        raise NotImplementedError
+
+    def commit(self, req: Request, replica: int, quote, pos: int, now_ms: float) -> None:
+        """``picks_by_cost`` routers: ``req`` goes to replica id ``replica``, at ``pos`` of ``quote``."""
         raise NotImplementedError
 
     def request_finished(self, req: Request, replica: int) -> None:

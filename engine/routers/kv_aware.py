@@ -39,7 +39,7 @@ from replay.engine.request import Request
 from replay.engine.routers.active_blocks import ActiveBlocks, kv_aware_costs
 from replay.engine.routers.base import Router, RouterContext
 
-__all__ = ["ActiveBlocks", "ApproxIndex", "KvAwareRouter", "PrefillLoad"]
+__all__ = ["ActiveBlocks", "ApproxIndex", "KvAwareQuote", "KvAwareRouter", "PrefillLoad"]
 
 
 class ApproxIndex:
@@ -82,10 +82,24 @@ class PrefillLoad:
         self.tokens = tokens
 
 
+class KvAwareQuote:
+    """One arrival's costs over the replicas asked, and what routing it to one of them records."""
+
+    __slots__ = ("costs", "keys", "new_tokens", "prompt_runs")
+
+    def __init__(self, costs: list[float], new_tokens: list[int], prompt_runs: list[range],
+                 keys: list[int] | None) -> None:
+        self.costs = costs
+        self.new_tokens = new_tokens  # per replica asked: the prompt tokens it would compute
+        self.prompt_runs = prompt_runs
+        self.keys = keys  # the prompt's block keys (approximate mode only)
+
+
 class KvAwareRouter(Router):
     name = "kv_aware"
     reads_replica_state = True
     hears_first_tokens = True
+    picks_by_cost = True
 
     def __init__(self, ctx: RouterContext, options) -> None:
         super().__init__(ctx, options)
@@ -152,18 +166,30 @@ class KvAwareRouter(Router):
         return kv_aware_costs([view.replica for view in replicas], overlaps, credits, self.active,
                               self.prefill_tokens, prompt_runs, req.num_prompt_tokens, bs, self.weight, new_tokens)
 
-    def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
+    def quote(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> KvAwareQuote:
+        """Each of ``replicas``' cost for ``req``, with what ``commit`` needs of the one chosen."""
         new_tokens: list[int] = []
         prompt_runs = self._prompt_runs(req)
         keys = self._prompt_keys(req) if self.approx is not None else None
         costs = self.costs(req, replicas, now_ms, new_tokens, prompt_runs, keys)
-        pos = self._pick_min(costs) if self.temperature <= 0 else self._sample(costs)
-        w = replicas[pos].replica
-        self.active[w].add(prompt_runs)
-        self.prefill_tokens[w] += new_tokens[pos]
-        self.prefilling[req.idx] = PrefillLoad(w, new_tokens[pos])
-        if self.approx is not None and keys is not None:
-            self.approx[w].insert(keys, now_ms)
+        return KvAwareQuote(costs, new_tokens, prompt_runs, keys)
+
+    def choose(self, costs: list[float]) -> int:
+        """The position of the winning cost (ties and temperature draw from the seeded stream)."""
+        return self._pick_min(costs) if self.temperature <= 0 else self._sample(costs)
+
+    def commit(self, req: Request, replica: int, quote: KvAwareQuote, pos: int, now_ms: float) -> None:
+        """``req`` goes to ``replica``, priced at ``pos`` of ``quote``: count it there."""
+        self.active[replica].add(quote.prompt_runs)
+        self.prefill_tokens[replica] += quote.new_tokens[pos]
+        self.prefilling[req.idx] = PrefillLoad(replica, quote.new_tokens[pos])
+        if self.approx is not None and quote.keys is not None:
+            self.approx[replica].insert(quote.keys, now_ms)
+
+    def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
+        quote = self.quote(req, replicas, now_ms)
+        pos = self.choose(quote.costs)
+        self.commit(req, replicas[pos].replica, quote, pos, now_ms)
         return pos
 
     def _sample(self, costs: list[float]) -> int:

@@ -25,9 +25,19 @@ from replay.engine.request import Request
 from replay.engine.routers.base import Router, RouterContext
 
 
+class LoadQuote:
+    """One arrival's scores over the replicas asked."""
+
+    __slots__ = ("costs",)
+
+    def __init__(self, costs: list[float]) -> None:
+        self.costs = costs
+
+
 class LeastLoadedRouter(Router):
     name = "least_loaded"
     reads_replica_state = True
+    picks_by_cost = True
 
     def __init__(self, ctx: RouterContext, options) -> None:
         super().__init__(ctx, options)
@@ -45,29 +55,43 @@ class LeastLoadedRouter(Router):
         if self.interval > 0:
             self.next_refresh = (now_ms // self.interval + 1) * self.interval
 
-    def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
+    def quote(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> LoadQuote:
+        """Each of ``replicas``' score from the last snapshot (taken now when it is due)."""
         if self.interval <= 0 or now_ms >= self.next_refresh:
             self._refresh(replicas, now_ms)
-        n = len(replicas)
         cc = self.client_count
-        best = -1
-        best_id = -1
-        best_score = float("inf")
-        for k in range(n):
-            pos = (self.start + k) % n
-            e = replicas[pos].replica
+        scores = []
+        for view in replicas:
+            e = view.replica
             waiting, running, usage = self.snapshot[e]
             score = max(cc * self.inflight[e], waiting + running)
             if waiting > 0 and usage > 0.5:
                 score += waiting * 6.0 * (usage - 0.5)
-            if score < best_score:
-                best_score = score
+            scores.append(score)
+        return LoadQuote(scores)
+
+    def choose(self, costs: list[float]) -> int:
+        """The first strict minimum scanning from the rotating start, which then moves on by one."""
+        n = len(costs)
+        best = -1
+        best_score = float("inf")
+        for k in range(n):
+            pos = (self.start + k) % n
+            if costs[pos] < best_score:
+                best_score = costs[pos]
                 best = pos
-                best_id = e
         self.start = (self.start + 1) % n
-        self.snapshot[best_id][0] += cc
-        self.inflight[best_id] += 1
         return best
+
+    def commit(self, req: Request, replica: int, quote: LoadQuote, pos: int, now_ms: float) -> None:
+        self.snapshot[replica][0] += self.client_count
+        self.inflight[replica] += 1
+
+    def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
+        quote = self.quote(req, replicas, now_ms)
+        pos = self.choose(quote.costs)
+        self.commit(req, replicas[pos].replica, quote, pos, now_ms)
+        return pos
 
     def request_finished(self, req: Request, replica: int) -> None:
         self.inflight[replica] -= 1

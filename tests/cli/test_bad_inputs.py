@@ -109,9 +109,9 @@ CASES = {
                       "cannot read Parquet data"),
     "sql, empty query": (lambda d, t: (write_sample_run(d / "out", t), ["sql", "out", ""])[1], "empty query"),
     "--workers without clusters": (lambda d, t: ["run", str(t), "-o", "o", "--workers", "2"],
-                                   "--workers replays the clusters of a fleet (fleet.clusters above 1), or the "
-                                   "replicas of a fleet that share nothing, in parallel processes; here they cannot "
-                                   "be: a single replica"),
+                                   "--workers replays the clusters of a fleet (fleet.clusters above 1), the "
+                                   "replicas of a fleet that share nothing, or a kv_aware or least_loaded fleet's "
+                                   "replicas in step, in parallel processes; here they cannot be: a single replica"),
     "--workers beside --ray": (lambda d, t: ["run", str(t), "-o", "o", "--workers", "2", "--ray", "auto",
                                              "--set", "fleet.replicas=2", "--set", "fleet.clusters=2"],
                                "--ray and --workers are two ways to spread the clusters"),

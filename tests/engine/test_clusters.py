@@ -177,6 +177,6 @@ def test_workers_need_clusters_or_replicas_that_share_nothing(tmp_path):
     from replay.base.errors import ConfigError
 
     table, meta = _open_trace(5)
-    cfg = EngineConfig.model_validate({"fleet": {"replicas": 2, "router": "kv_aware"}})
-    with pytest.raises(ConfigError, match="--workers.*fleet.clusters.*kv_aware reads"):
+    cfg = EngineConfig.model_validate({"fleet": {"replicas": 2, "router": "prefix_score"}})
+    with pytest.raises(ConfigError, match="--workers.*fleet.clusters.*prefix_score reads"):
         replay_trace(table, meta, cfg, tmp_path / "o", setup=setup_for(400, FixedTimer(5.0)), workers=2)

@@ -15,7 +15,7 @@ from replay.engine.config import EngineConfig
 from replay.engine.fleet_partition import replica_targets, why_replicas_share
 from replay.engine.run import prepare_trace, replay_prepared
 from replay.engine.trace_input import trace_arrays
-from tests.engine_helpers import FixedTimer, open_loop_trace, sessions_trace, setup_for
+from tests.engine_helpers import FixedTimer, open_loop_trace, same_results, sessions_trace, setup_for
 
 OUTPUTS = ("requests.parquet", "steps.parquet", "chunks.parquet")
 
@@ -37,19 +37,6 @@ def _replay(tmp_path, trace, name: str, fleet: dict, blocks: int = 40, **kwargs)
     return replay_prepared(prepared, cfg, tmp_path / name, setup=setup, check_invariants=True, **kwargs).run_info
 
 
-def _sorted(path):
-    table = pq.read_table(path)
-    return table.sort_by([(c, "ascending") for c in table.column_names])
-
-
-def _same_results(a, b) -> None:
-    """The same requests (byte for byte) and the same step and chunk rows (in any order)."""
-    assert (a / "requests.parquet").read_bytes() == (b / "requests.parquet").read_bytes()
-    for name in ("steps.parquet", "chunks.parquet"):
-        if (a / name).exists() or (b / name).exists():
-            assert _sorted(a / name).equals(_sorted(b / name)), name
-
-
 @pytest.mark.parametrize("router", ["round_robin", "random"])
 def test_apart_gives_the_one_loop_results(tmp_path, router):
     # 40 blocks a replica: preemption and eviction happen, so each replica's run is not trivial.
@@ -58,7 +45,7 @@ def test_apart_gives_the_one_loop_results(tmp_path, router):
     apart = _replay(tmp_path, _open_trace(), "apart", fleet)
     assert "replicas_apart" not in one["fleet"] and apart["fleet"]["replicas_apart"] is True
     assert apart["fleet"]["ran_on"] == "local"
-    _same_results(tmp_path / "one", tmp_path / "apart")
+    same_results(tmp_path / "one", tmp_path / "apart")
     assert apart["totals"] == one["totals"] and apart["totals"]["preemptions"] > 0
     assert apart["fleet"]["per_replica"] == one["fleet"]["per_replica"]
     assert apart["simulated_span_ms"] == one["simulated_span_ms"]
@@ -90,7 +77,7 @@ def test_session_affinity_sessions_stay_apart(tmp_path):
     one = _replay(tmp_path, _sessions_trace(), "one", fleet, replicas_apart=False)
     apart = _replay(tmp_path, _sessions_trace(), "apart", fleet)
     assert apart["fleet"]["replicas_apart"] is True
-    _same_results(tmp_path / "one", tmp_path / "apart")
+    same_results(tmp_path / "one", tmp_path / "apart")
     assert apart["totals"] == one["totals"]
 
 
@@ -139,8 +126,13 @@ def test_the_cli_replays_apart_by_default(tmp_path):
     info = json.loads((tmp_path / "o" / "run.json").read_text())
     assert info["fleet"]["replicas_apart"] is True and info["fleet"]["ran_on"] == "local"  # small: one process
     res = CliRunner().invoke(app, ["run", str(tmp_path / "t.parquet"), "-o", str(tmp_path / "k"), "-q",
+                                   "--set", "fleet.replicas=2", "--set", "fleet.router=prefix_score", "--workers", "2"])
+    assert res.exit_code == 2 and "prefix_score reads the replicas' state" in res.output
+    # kv_aware's replicas run in step instead (engine/lockstep.py).
+    res = CliRunner().invoke(app, ["run", str(tmp_path / "t.parquet"), "-o", str(tmp_path / "k"), "-q",
                                    "--set", "fleet.replicas=2", "--set", "fleet.router=kv_aware", "--workers", "2"])
-    assert res.exit_code == 2 and "kv_aware reads the replicas' state" in res.output
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "k" / "run.json").read_text())["fleet"]["replicas_in_step"] == 2
 
 
 def test_a_very_large_replay_stays_in_one_loop(tmp_path, monkeypatch):

@@ -52,3 +52,22 @@ def test_a_head_waiting_for_an_event_is_not_stuck(tmp_path):
     nxt, completes = core.begin(0.0, horizon=lambda c: math.inf, next_event=lambda c: 50.0)
     assert (nxt, completes) == (50.0, False)
     core.rec.abort()
+
+
+def test_a_step_that_only_preempted_retries_at_once(tmp_path):
+    # One replica, 11 usable blocks, MTP k=2: the long request's decode with its draft lookahead fills
+    # the cache and preempts itself (a step with no tokens). vLLM's engine loop calls schedule() again
+    # at once; the replica must not sit idle until the next arrival, 5 s later.
+    from tests.engine_helpers import run_small
+
+    rows = [dict(arrival_ms=0, input_tokens=31, output_tokens=144, hash_ids=[100, 101]),
+            dict(arrival_ms=5000, input_tokens=20, output_tokens=2, hash_ids=[1, 2])]
+    cfg = {"speculative": {"num_speculative_tokens": 2, "expected_accepted_tokens": 0.7, "drafter": "synthetic"}}
+    reqs, _, steps, info = run_small(rows, tmp_path, num_gpu_blocks=12, config=cfg, timer=FixedTimer(5.0, 0.01, 1e-4))
+    assert info["totals"]["preemptions"] >= 1
+    first = reqs[reqs.request_id == "r0"].iloc[0]
+    assert first.status == "finished" and first.finish_ms < 5000.0
+    # No gap between steps while the first request runs (each step starts when the last ended or sooner).
+    busy = steps[steps.start_ms < first.finish_ms].sort_values("start_ms")
+    ends = (busy.start_ms + busy.duration_ms).to_numpy()
+    assert (busy.start_ms.to_numpy()[1:] <= ends[:-1] + 1e-9).all()
