@@ -38,6 +38,10 @@ from replay.engine.timing.base import StepTimer
 # Arrival kinds, in the order the waiting queue receives a batch of them (engine/fleet.py).
 OPEN, DYNAMIC = 0, 1
 
+# How many times the running set may be emptied by preemption (its only request preempting itself)
+# with no token emitted and no request finished on the replica before the replay stops as a livelock.
+STARVED_PREEMPTIONS_MAX = 1000
+
 
 class InvariantError(ReplayError):
     """A --check invariant failed: the engine's own state is inconsistent (a bug, never bad input)."""
@@ -73,6 +77,11 @@ class EngineCore:
         self.first_step = 0
         self.schedule_calls = 0  # steps built by the scheduler (the rest are decode windows'); run.json
         self.idle_spins = 0
+        # Livelock guard: steps that emitted a token or finished a request (and decode windows), and
+        # the preemptions that emptied the running set since the last of them (begin).
+        self.emitting_steps = 0
+        self.starved_mark = -1
+        self.starved_preemptions = 0
         self.busy_ms = 0.0  # total duration of its steps
         self.inbox: list[tuple[float, int, int, Request]] = []  # routed, not yet queued: (ready, kind, seq, req)
         self.pending: tuple[SchedulerOutput, float, float] | None = None  # step in flight: (out, start, dur)
@@ -180,6 +189,17 @@ class EngineCore:
             self.idle_spins = self.idle_spins + 1 if retry <= now else 0
             if self.idle_spins > 4 + len(sched.running):
                 raise ReplayError(self.stuck_message(now))
+            if out.num_preempted and not sched.running:
+                # The only running request preempted itself: the blocks it needs are held outside
+                # the running set (waiting requests with a KV load, which cannot be preempted). If
+                # that keeps happening while nothing is emitted, the holders take turns starving
+                # each other (vLLM 0.11 has no load reservation) and the replay would never end.
+                if self.starved_mark != self.emitting_steps:
+                    self.starved_mark = self.emitting_steps
+                    self.starved_preemptions = 0
+                self.starved_preemptions += 1
+                if self.starved_preemptions > STARVED_PREEMPTIONS_MAX:
+                    raise ReplayError(self.livelock_message(now))
             return retry, False
         self.idle_spins = 0
         passes = self.spec_k if self.spec_k and out.num_decode_reqs + out.num_prefill_reqs else 0
@@ -199,6 +219,7 @@ class EngineCore:
         num_steps = window.num_steps
         end_ms = window.end_ms
         self.step_idx += num_steps
+        self.emitting_steps += 1  # a decode window's steps emit tokens
         busy = self.busy_ms
         durations = window.durations
         for j in range(num_steps):  # one by one, as stepping adds them: the same bits either way
@@ -244,6 +265,8 @@ class EngineCore:
         emits = self.emits_tokens
         if chunk_reqs and emits:
             rec.emit_chunks(chunk_reqs, self.step_idx, self.replica, chunk_tokens)
+        if chunk_reqs or finished:
+            self.emitting_steps += 1
         for r in finished:
             if emits:
                 rec.request_finished(r)
@@ -290,6 +313,16 @@ class EngineCore:
         where = f" on replica {self.global_replica}" if self.global_replica else ""
         return (f"the replay cannot make progress at t={now:.1f} ms{where}: {what} does not fit in the KV "
                 f"cache ({self.kv_pool.get_num_free_blocks()} free blocks) and nothing else can run")
+
+    def livelock_message(self, now: float) -> str:
+        sched = self.sched
+        holders = [r.request_id for r in sched.waiting if r.block_ids]
+        where = f" on replica {self.global_replica}" if self.global_replica else ""
+        return (f"the replay cannot make progress at t={now:.1f} ms{where}: the only running request was "
+                f"preempted {self.starved_preemptions} times with no token emitted since, because waiting "
+                f"requests holding KV blocks ({', '.join(map(repr, holders[:5])) or 'none'}; G2 loads cannot "
+                f"be preempted) leave it no room, and they starve each other in turn "
+                f"({self.kv_pool.get_num_free_blocks()} free blocks; semantics 0.33 reserves blocks for loads)")
 
     def check(self, out: SchedulerOutput | None) -> None:
         """--check: block conservation, ref counts, budget. Raises (survives python -O)."""

@@ -71,3 +71,25 @@ def test_a_step_that_only_preempted_retries_at_once(tmp_path):
     busy = steps[steps.start_ms < first.finish_ms].sort_values("start_ms")
     ends = (busy.start_ms + busy.duration_ms).to_numpy()
     assert (busy.start_ms.to_numpy()[1:] <= ends[:-1] + 1e-9).all()
+
+
+def test_loads_that_starve_the_only_running_request_in_turn_stop_the_replay(tmp_path):
+    # vLLM 0.11 rules (no load reservation), MTP (0.11 drops the last GPU hit block, so a preempted
+    # request finds that block on the CPU and reloads: a one-block G2 load that re-pins its cached
+    # blocks) and 39 usable blocks for two requests needing 29 and 21. Each preempted request
+    # comes back as a load holding its blocks; the other, running alone, cannot grow and preempts
+    # itself; then the roles swap, forever, with no token emitted. The replay must stop, not spin.
+    from tests.engine_helpers import run_small
+
+    rows = [dict(arrival_ms=1, input_tokens=325, output_tokens=131, hash_ids=list(range(21))),
+            dict(arrival_ms=2, input_tokens=258, output_tokens=64, hash_ids=list(range(1000, 1017)))]
+    cfg = {"semantics": "0.11", "scheduler": {"max_num_batched_tokens": 512, "long_prefill_token_threshold": 16},
+           "speculative": {"num_speculative_tokens": 1, "expected_accepted_tokens": 0.7, "drafter": "synthetic"},
+           "host_offload": {"num_cpu_blocks": 200}}
+    with pytest.raises(ReplayError, match=r"cannot make progress .* the only running request was preempted "
+                                          r"1001 times with no token emitted since"):
+        run_small(rows, tmp_path, num_gpu_blocks=40, config=cfg, timer=FixedTimer(5.0, 0.01, 1e-4))
+    # vLLM 0.33 rules reserve blocks for loads and gate admission on the full prompt: it completes.
+    reqs, _, _, _ = run_small(rows, tmp_path / "v033", num_gpu_blocks=40, config=cfg | {"semantics": "0.33"},
+                              timer=FixedTimer(5.0, 0.01, 1e-4))
+    assert (reqs.status == "finished").all()
