@@ -6,7 +6,9 @@
 Target: peak RSS under 2 GB (2,048 MB) at 1 M requests / 10 M trace rows. Peak is ``ru_maxrss`` of
 the command's own process (``wait4``). The parent only starts processes (fixtures are built by child
 processes too), so it stays far below what it measures: on Linux a child inherits its parent's
-high-water RSS across fork + exec (bench/README.md, "How to read the numbers").
+high-water RSS across fork + exec (bench/README.md, "How to read the numbers"). A command that forks
+workers (`replay run` with the replicas in step) is also measured as the PSS summed over its
+processes, sampled every half second (``measure_process``); the target applies to both.
 
 Fixtures, under --work (kept, and reused with --reuse; delete the directory when done):
 
@@ -243,14 +245,15 @@ def main() -> int:
             built.add(fixture)
             (work / "out").mkdir(exist_ok=True)
             row = {"case": name, "what": what, **measure_process(build(work))}
-            row["meets_target"] = row["peak_mb"] < TARGET_MB
+            row["meets_target"] = max(row["peak_mb"], row.get("tree_pss_mb", 0)) < TARGET_MB
             results.append(row)
             print(json.dumps(row), flush=True)
         print()
-        print(f"| case | what | wall s | peak MB | target < {TARGET_MB:,} MB |")
-        print("|---|---|---:|---:|---|")
+        print(f"| case | what | wall s | peak MB | PSS MB, all processes | target < {TARGET_MB:,} MB |")
+        print("|---|---|---:|---:|---:|---|")
         for r in results:
-            print(f"| {r['case']} | {r['what']} | {r['wall_s']} | {r['peak_mb']:,} | "
+            pss = f"{r['tree_pss_mb']:,}" if "tree_pss_mb" in r else "-"
+            print(f"| {r['case']} | {r['what']} | {r['wall_s']} | {r['peak_mb']:,} | {pss} | "
                   f"{'met' if r['meets_target'] else 'MISSED'} |")
         if args.json:
             args.json.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")

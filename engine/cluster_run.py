@@ -376,10 +376,11 @@ def _run_in_processes(work: _PartQueue, progress: ProgressFn | None) -> list[Clu
         try:
             try:
                 results = work.run_slot(0, progress, between=check_workers)
-            except PeerStopped:  # a part in step failed in a worker: report its error, not this one
+            except PeerStopped as stopped:  # a part in step failed in a worker: report its error, not this one
                 wait(futures, timeout=10.0)
                 check_workers()
-                raise
+                raise ReplayError(f"a worker process of the replay stopped without reporting an error ({stopped})") \
+                    from None
             while wait(futures, timeout=0.5).not_done:
                 work.report(progress)
                 check_workers()

@@ -77,10 +77,8 @@ class EngineCore:
         self.first_step = 0
         self.schedule_calls = 0  # steps built by the scheduler (the rest are decode windows'); run.json
         self.idle_spins = 0
-        # Livelock guard: steps that emitted a token or finished a request (and decode windows), and
-        # the preemptions that emptied the running set since the last of them (begin).
-        self.emitting_steps = 0
-        self.starved_mark = -1
+        # Livelock guard: preemptions that emptied the running set since a step last emitted a
+        # token or finished a request (begin; reset by complete and decode windows).
         self.starved_preemptions = 0
         self.busy_ms = 0.0  # total duration of its steps
         self.inbox: list[tuple[float, int, int, Request]] = []  # routed, not yet queued: (ready, kind, seq, req)
@@ -185,7 +183,7 @@ class EngineCore:
             # A step that only preempted retries at once, as vLLM's engine loop calls schedule()
             # again (the preempted request waits now, and may fit); one that did nothing waits for
             # the next event that could change anything.
-            retry = now if out.num_preempted or nxt == math.inf else max(now, nxt)
+            retry = now if out.num_preempted else max(now, nxt)
             self.idle_spins = self.idle_spins + 1 if retry <= now else 0
             if self.idle_spins > 4 + len(sched.running):
                 raise ReplayError(self.stuck_message(now))
@@ -194,9 +192,6 @@ class EngineCore:
                 # the running set (waiting requests with a KV load, which cannot be preempted). If
                 # that keeps happening while nothing is emitted, the holders take turns starving
                 # each other (vLLM 0.11 has no load reservation) and the replay would never end.
-                if self.starved_mark != self.emitting_steps:
-                    self.starved_mark = self.emitting_steps
-                    self.starved_preemptions = 0
                 self.starved_preemptions += 1
                 if self.starved_preemptions > STARVED_PREEMPTIONS_MAX:
                     raise ReplayError(self.livelock_message(now))
@@ -219,7 +214,7 @@ class EngineCore:
         num_steps = window.num_steps
         end_ms = window.end_ms
         self.step_idx += num_steps
-        self.emitting_steps += 1  # a decode window's steps emit tokens
+        self.starved_preemptions = 0  # a decode window's steps emit tokens
         busy = self.busy_ms
         durations = window.durations
         for j in range(num_steps):  # one by one, as stepping adds them: the same bits either way
@@ -266,7 +261,7 @@ class EngineCore:
         if chunk_reqs and emits:
             rec.emit_chunks(chunk_reqs, self.step_idx, self.replica, chunk_tokens)
         if chunk_reqs or finished:
-            self.emitting_steps += 1
+            self.starved_preemptions = 0
         for r in finished:
             if emits:
                 rec.request_finished(r)

@@ -75,6 +75,16 @@ def why_replicas_meet(config: EngineConfig) -> str | None:
     return None
 
 
+def why_too_many_for_parts(plan: ArrivalPlan) -> str | None:
+    """Why a fleet with this many requests stays in one loop rather than in parts (replicas apart,
+    or in step: engine/lockstep.py), whose columns each span the trace."""
+    requests = len(plan.released_rows())
+    if requests > MAX_APART_REQUESTS:
+        return (f"{requests:,} requests: beyond {MAX_APART_REQUESTS:,} the fleet runs in one loop, which hands "
+                "back the memory of the requests served")
+    return None
+
+
 def why_not_apart(config: EngineConfig, plan: ArrivalPlan) -> str | None:
     """Why this config and arrival plan keep the fleet in one loop (None: they do not, though a
     closed-loop turn routed to another replica than its parent's still may: ``replica_targets``)."""
@@ -86,10 +96,9 @@ def why_not_apart(config: EngineConfig, plan: ArrivalPlan) -> str | None:
         return f"beyond {MAX_APART_REPLICAS} replicas the fleet runs in one loop (each replica apart would span the trace)"
     if plan.concurrency:
         return "load.mode concurrency shares its slots over the whole fleet"
-    requests = len(plan.released_rows())
-    if requests > MAX_APART_REQUESTS:
-        return (f"{requests:,} requests: beyond {MAX_APART_REQUESTS:,} the fleet runs in one loop, which hands "
-                "back the memory of the requests served")
+    why = why_too_many_for_parts(plan)
+    if why is not None:
+        return why
     if config.fleet.router == "round_robin" and plan.dependents:
         return "behind round_robin a closed-loop turn takes the next turn when it is released"
     return None

@@ -29,19 +29,17 @@ import time
 from array import array
 
 from replay.base.errors import ReplayError
+from replay.base.processes import pid_alive
 from replay.engine.arrivals import ArrivalPlan
 from replay.engine.clusters import ClusterPlan
 from replay.engine.config import EngineConfig
-from replay.engine.fleet_partition import why_not_one_pool, why_replicas_meet
+from replay.engine.fleet_partition import why_not_one_pool, why_replicas_meet, why_too_many_for_parts
 from replay.engine.replica_view import ReplicaView
 from replay.engine.request import Request
-from replay.engine.routers.base import Router
+from replay.engine.routers import ROUTERS, Router
 
-# Routers whose choice is the best of per-replica costs (Router.picks_by_cost).
-LOCKSTEP_ROUTERS = ("kv_aware", "least_loaded")
-# Beyond this many requests the fleet stays in one loop: each part's recorder spans the trace and
-# its rows are merged at the end (as for replicas replayed apart, engine/fleet_partition.py).
-MAX_LOCKSTEP_REQUESTS = 1_000_000
+# At most this many parts: each part's recorder spans the trace (as a replica's replayed apart does).
+MAX_LOCKSTEP_PARTS = 8
 # Looks at a peer's counter between two hand-overs of the CPU (os.sched_yield, which also lets this
 # process's writer thread take the interpreter).
 _SPINS_PER_YIELD = 64
@@ -57,6 +55,12 @@ class PeerStopped(ReplayError):
     """Another part of a replay in step failed or died: this part's replay cannot go on."""
 
 
+def router_picks_by_cost(config: EngineConfig) -> bool:
+    """Whether the fleet's router chooses the best of per-replica costs (``Router.picks_by_cost``),
+    so that its replicas can run in step."""
+    return config.fleet is not None and ROUTERS[config.fleet.router].picks_by_cost
+
+
 def lockstep_supported() -> bool:
     """Whether this machine orders stores as the cost swap needs (x86-64)."""
     return platform.machine().lower() in ("x86_64", "amd64")
@@ -69,21 +73,18 @@ def why_not_lockstep(config: EngineConfig, plan: ArrivalPlan) -> str | None:
         return why
     fleet = config.fleet
     assert fleet is not None
-    if fleet.router not in LOCKSTEP_ROUTERS:
+    if not router_picks_by_cost(config):
         return f"fleet.router {fleet.router} is not one that picks the best of the replicas' costs"
     why = why_replicas_meet(config)
     if why is not None:
         return why
-    if plan.concurrency:
-        return "load.mode concurrency shares its slots over the whole fleet"
     if plan.dependents:
         return "a closed-loop turn is released by a request that may run on another replica"
     if fleet.router_options.get("tier_weights"):
         return "the router's tier_weights read lower KV tiers"
-    requests = len(plan.released_rows())
-    if requests > MAX_LOCKSTEP_REQUESTS:
-        return (f"{requests:,} requests: beyond {MAX_LOCKSTEP_REQUESTS:,} the fleet runs in one loop, which "
-                "hands back the memory of the requests served")
+    why = why_too_many_for_parts(plan)
+    if why is not None:
+        return why
     if not lockstep_supported():
         return f"this machine ({platform.machine()}) does not order stores as the replicas' swap needs"
     return None
@@ -115,6 +116,9 @@ class CostExchange:
         self._mem = mmap.mmap(-1, 8 * (words + 2 * self.replicas))
         self.head = memoryview(self._mem)[:8 * words].cast("q")
         self.slots = memoryview(self._mem)[8 * words:].cast("d")
+        for q in range(self.parts):
+            self.head[1 + 2 * self.parts + q] = -1  # not ended
+        self.creator = os.getpid()  # the replay's main process (its parts in workers watch it)
 
     def seat(self, part: int) -> ExchangeSeat:
         return ExchangeSeat(self, part)
@@ -133,14 +137,11 @@ class ExchangeSeat:
         self.lo = exchange.bounds[part]
         self.hi = exchange.bounds[part + 1]
         self.count = 0
-        self._parent_pid = 0
 
     def start(self) -> None:
         """This process takes the seat (called in it, before the first arrival)."""
         ex = self.exchange
         ex.head[1 + ex.parts + self.part] = os.getpid()
-        ex.head[1 + 2 * ex.parts + self.part] = -1
-        self._parent_pid = os.getppid()
 
     def finish(self) -> None:
         """This part has routed its last arrival (a peer still waiting for it has a bug to report)."""
@@ -184,7 +185,7 @@ class ExchangeSeat:
                 else:  # a long wait, or more processes than free cores: sleep rather than spin
                     time.sleep(_SLEEP_S)
                 if head[0]:
-                    raise PeerStopped("another process of this replay failed; its error is reported")
+                    raise PeerStopped("another process of this replay failed")
                 now = time.monotonic()
                 if now - checked > _CHECK_PEERS_EVERY_S:
                     checked = now
@@ -197,36 +198,18 @@ class ExchangeSeat:
         if ended >= 0 and ended == ex.head[1 + q]:
             raise RuntimeError(f"part {q} of the replay routed {ended} arrivals and ended; part {self.part} routes "
                                "more: the parts did not see the same arrivals")
-        if self._parent_pid and os.getppid() != self._parent_pid:
+        if os.getpid() != ex.creator and os.getppid() != ex.creator:
             raise PeerStopped("the replay's main process stopped")
         if pid == 0:
             if waited_s > _START_GRACE_S:
                 raise PeerStopped(f"part {q} of the replay never started")
             return
-        if not _alive(pid):
+        if not pid_alive(pid):
             raise PeerStopped(f"the process replaying part {q} stopped")
 
     def abandon(self) -> None:
         """This part failed: the others stop."""
         self.exchange.stop()
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc here
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
 
 
 class LockstepRouter(Router):

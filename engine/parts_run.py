@@ -26,7 +26,7 @@ from replay.engine.clusters import assign_clusters, split_plan
 from replay.engine.config import EngineConfig
 from replay.engine.fleet import ProgressFn
 from replay.engine.kv_tier_report import TierFigures
-from replay.engine.lockstep import CostExchange, lockstep_plans, part_bounds
+from replay.engine.lockstep import MAX_LOCKSTEP_PARTS, CostExchange, lockstep_plans, part_bounds
 from replay.engine.output_schema import RUN_FILE
 from replay.engine.prepared_trace import PreparedTrace, RunSummary, config_input_files, store_trace
 from replay.engine.run_info import ReplayFacts, build_run_info
@@ -41,14 +41,14 @@ _PROCESSES_FROM_REQUESTS = 4000
 
 def parts_in_step(requests: int, replicas: int, workers: int | None) -> int:
     """Processes (parts) for a fleet replayed in step (engine/lockstep.py): ``workers`` when named
-    (at most one per replica); when not, 2 once the replay is large enough to gain and this process
+    (at most one per replica, and ``MAX_LOCKSTEP_PARTS``); when not, 2 once the replay is large enough to gain and this process
     may use two cores, however many more it has, so that the same command writes the same bytes on
     every such machine (the parts' step and chunk rows come part after part). Parts wait for each
     other at every arrival, the more often the more parts; only two have been measured
     (bench/README.md, "Replicas in step")."""
     if workers is None:
         workers = 2 if requests >= _PROCESSES_FROM_REQUESTS and _usable_cores() >= 2 else 1
-    return max(1, min(workers, replicas))
+    return max(1, min(workers, replicas, MAX_LOCKSTEP_PARTS))
 
 
 def _usable_cores() -> int:

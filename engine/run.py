@@ -21,7 +21,7 @@ from replay.engine.fleet_partition import replica_targets, why_not_apart, why_re
 from replay.engine.fleet_scaling import FleetScaler
 from replay.engine.kv_tier_report import tier_names
 from replay.engine.kv_tiers import TierPools
-from replay.engine.lockstep import LOCKSTEP_ROUTERS, why_not_lockstep
+from replay.engine.lockstep import router_picks_by_cost, why_not_lockstep
 from replay.engine.output_schema import RUN_FILE
 from replay.engine.parts_run import parts_in_step, replay_in_parts
 from replay.engine.pd_fleet import PDFleetLoop
@@ -186,11 +186,6 @@ def replay_end_ms(recorder: Recorder, selected: np.ndarray) -> float:
     return float(values.max()) if len(values) else 0.0
 
 
-def fleet_router_in_step(config: EngineConfig) -> bool:
-    """Whether the fleet's router is one whose replicas can be replayed in step (engine/lockstep.py)."""
-    return config.fleet is not None and config.fleet.router in LOCKSTEP_ROUTERS
-
-
 @without_collector
 def replay_trace(table: pa.Table, meta: TraceMetadata, config: EngineConfig, outdir: str | Path, *,
                  trace_path: str | Path | None = None, config_source: str | None = None,
@@ -223,9 +218,11 @@ def replay_prepared(prepared: PreparedTrace, config: EngineConfig, outdir: str |
     like the trace (see ``config_input_files``). ``ray_address`` (``auto`` or a Ray address): a fleet
     of clusters replays each cluster as a Ray task; ``workers`` > 1: the clusters, or the replicas of
     a fleet that share nothing (engine/fleet_partition.py), in up to that many local processes (the
-    same outputs as without either); None: as many as the machine's cores when the replay is large
-    enough to gain, never an error. ``replicas_apart=False`` replays such a fleet in one event loop
-    instead (the same rows; kept for the equivalence test). ``once``: ``prepared`` is replayed this once
+    same outputs as without either), or a kv_aware or least_loaded fleet's replicas in step in that
+    many processes (engine/lockstep.py: the same requests, step and chunk rows ordered by process);
+    None: as many as the machine's cores when the replay is large enough to gain (two in step),
+    never an error. ``replicas_apart=False`` replays either fleet in one event loop instead (the
+    same rows; kept for the equivalence tests). ``once``: ``prepared`` is replayed this once
     only, so the hash ids of rows already arrived are handed back as the replay goes (the same
     outputs, less memory: 0.9 GB by the end at 10 M reuse-heavy rows, engine/page_release.py); it
     cannot be replayed again.
@@ -251,17 +248,19 @@ def replay_prepared(prepared: PreparedTrace, config: EngineConfig, outdir: str |
         if targets is not None:
             return replay_in_parts(prepared, config, outdir, setup, wall_start, ray_address=None, workers=workers,
                                      apart=(plan, targets), **common)
-        why_not_in_step = why_not_lockstep(config, plan)
-        if why_not_in_step is None:
+        if why_not_lockstep(config, plan) is None:
             parts = parts_in_step(len(requests.selected), config.fleet.replicas, workers)  # type: ignore[union-attr]
             if parts > 1:
                 return replay_in_parts(prepared, config, outdir, setup, wall_start, ray_address=None,
                                          workers=parts, in_step=(plan, parts), **common)
     if workers is not None and workers > 1:
-        why = (why_replicas_share(config) or ("replicas_apart is off" if plan is None else why_not_apart(config, plan))
-               or "a closed-loop turn can go to another replica than the turn it follows")
-        if plan is not None and why_replicas_share(config) is not None and fleet_router_in_step(config):
-            why = why_not_lockstep(config, plan) or why
+        if plan is None:
+            why = "replicas_apart is off" if not disaggregated else "a disaggregated fleet's pools exchange KV"
+        elif router_picks_by_cost(config):
+            why = why_not_lockstep(config, plan) or "a fleet in step cannot be replayed in parts here"
+        else:
+            why = (why_replicas_share(config) or why_not_apart(config, plan)
+                   or "a closed-loop turn can go to another replica than the turn it follows")
         raise ConfigError("--workers replays the clusters of a fleet (fleet.clusters above 1), the replicas of a "
                           "fleet that share nothing, or a kv_aware or least_loaded fleet's replicas in step, in parallel processes; "
                           f"here they cannot be: {why}")

@@ -54,7 +54,7 @@ class Router:
     # True: the choice is the best of costs each replica's own state gives (``quote``), chosen over
     # the whole fleet's costs (``choose``) and recorded on the chosen replica alone (``commit``). Such
     # a fleet's replicas can be replayed in step by several processes, each pricing its own replicas
-    # (engine/lockstep.py); ``route`` must be exactly quote, choose, commit.
+    # (engine/lockstep.py); ``route`` is then quote, choose, commit (this class's).
     picks_by_cost: ClassVar[bool] = False
     # True: ``route`` may return None, the request going to replicas another process replays (a
     # fleet in step, engine/lockstep.py); such a router is asked even by a part of one replica.
@@ -73,7 +73,12 @@ class Router:
         fleet it is every replica, in id order, at every call; in an autoscaled fleet
         (engine/fleet_scaling.py) replicas join and leave it, so a router keys the state it keeps
         per replica by ``view.replica`` (the id, below ``ctx.num_replicas``), not by position."""
-        raise NotImplementedError
+        if not self.picks_by_cost:
+            raise NotImplementedError
+        quote = self.quote(req, replicas, now_ms)
+        pos = self.choose(quote.costs)
+        self.commit(req, replicas[pos].replica, quote, pos, now_ms)
+        return pos
 
     def quote(self, req: Request, replicas: list[ReplicaView], now_ms: float):
         """``picks_by_cost`` routers: a record with ``costs``, one per replica of ``replicas``, each

@@ -186,12 +186,6 @@ class KvAwareRouter(Router):
         if self.approx is not None and quote.keys is not None:
             self.approx[replica].insert(quote.keys, now_ms)
 
-    def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
-        quote = self.quote(req, replicas, now_ms)
-        pos = self.choose(quote.costs)
-        self.commit(req, replicas[pos].replica, quote, pos, now_ms)
-        return pos
-
     def _sample(self, costs: list[float]) -> int:
         lo, hi = min(costs), max(costs)
         if hi == lo:

@@ -87,12 +87,6 @@ class LeastLoadedRouter(Router):
         self.snapshot[replica][0] += self.client_count
         self.inflight[replica] += 1
 
-    def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
-        quote = self.quote(req, replicas, now_ms)
-        pos = self.choose(quote.costs)
-        self.commit(req, replicas[pos].replica, quote, pos, now_ms)
-        return pos
-
     def request_finished(self, req: Request, replica: int) -> None:
         self.inflight[replica] -= 1
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from replay.base.errors import ReplayError
+from replay.base.processes import pid_alive
 
 MARKER = ".replay-output"
 _MARKER_HEAD = "replay output directory"
@@ -71,16 +72,6 @@ def _tmp_prefix(final: Path) -> str:
     return f".{_tmp_stem(final)}.{_TMP_TAG}{os.getpid()}-"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
 def remove_stale_temps(final: Path) -> list[Path]:
     """Remove temp files/dirs left beside ``final`` by a killed replay process (named by its pid).
 
@@ -95,7 +86,7 @@ def remove_stale_temps(final: Path) -> list[Path]:
         return removed
     for entry in entries:
         m = pattern.fullmatch(entry.name)
-        if not m or _pid_alive(int(m.group(1))):
+        if not m or pid_alive(int(m.group(1))):
             continue
         path = Path(entry.path)
         if entry.is_dir(follow_symlinks=False):

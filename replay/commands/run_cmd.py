@@ -39,10 +39,10 @@ def run(
                                    "'auto' (a local Ray instance) or a cluster ADDRESS; same outputs as without."),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Replay the clusters of a fleet, or the replicas "
                                        "of a fleet that share nothing (docs/fleet.md), in up to this many local "
-                                       "processes; same outputs with any number (default: the cores, on large "
-                                       "replays). A kv_aware or least_loaded fleet's replicas run in step in this many processes "
-                                       "(default 2 on large replays; 1: one loop): the same requests, step and "
-                                       "chunk rows ordered by process."),
+                                       "processes; the same bytes with any number (default: the cores, on large "
+                                       "replays). A kv_aware or least_loaded fleet's replicas run in step in this "
+                                       "many processes (default 2 on large replays with two cores; 1: one loop): "
+                                       "the same requests, step and chunk rows ordered by process."),
 ) -> None:
     """Replay every request of TRACE through the modeled vLLM V1 engine and write what each experienced."""
     from replay.api import prepare_any_trace, resolve_config

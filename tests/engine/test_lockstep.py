@@ -171,6 +171,36 @@ def test_a_dead_part_stops_the_others(tmp_path, monkeypatch):
     assert not (tmp_path / "x").exists()
 
 
+def test_a_slow_starting_part_is_waited_for(tmp_path, monkeypatch):
+    # The worker's part takes its seat 1.5 s after the main process's part starts waiting for it
+    # (its peer checks run every half second): a late peer is not a peer that ended.
+    import time
+
+    from replay.engine import lockstep
+
+    real = lockstep.ExchangeSeat.start
+    main = os.getpid()
+
+    def slow_start(self):
+        if os.getpid() != main:
+            time.sleep(1.5)
+        real(self)
+
+    monkeypatch.setattr(lockstep.ExchangeSeat, "start", slow_start)
+    fleet = {"replicas": 2, "router": "kv_aware"}
+    trace = open_loop_trace(40, 1, gap_ms=4.0)
+    one = _replay(tmp_path, trace, "one", fleet, replicas_apart=False)
+    step = _replay(tmp_path, trace, "step", fleet, workers=2)
+    same_results(tmp_path / "one", tmp_path / "step")
+    _same_run(one, step)
+
+
+def test_workers_with_the_single_loop_asked_for(tmp_path):
+    with pytest.raises(ConfigError, match="replicas_apart is off"):
+        _replay(tmp_path, open_loop_trace(20, 1), "x", {"replicas": 2, "router": "kv_aware"}, workers=2,
+                replicas_apart=False)
+
+
 def test_swap_in_one_process():
     ex = CostExchange([0, 2])
     seat = ex.seat(0)
