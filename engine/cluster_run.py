@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, wait
@@ -340,8 +341,12 @@ _FORKED: _PartQueue | None = None
 
 
 def _replay_forked(slot: int) -> list[ClusterResult]:
-    """A worker process: replay parts until none is left (each into its folder, which the parent merges)."""
+    """A worker process: replay parts until none is left (each into its folder, which the parent merges).
+    Signals get Python's own handling here, not the command's inherited one: the main process says
+    what an interrupt did, once, and stops its workers."""
     assert _FORKED is not None
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return _FORKED.run_slot(slot)
 
 
