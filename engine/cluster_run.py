@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +31,9 @@ from replay.engine.clusters import ClusterPlan
 from replay.engine.config import EngineConfig
 from replay.engine.core import EngineCore
 from replay.engine.fleet import FleetLoop, ProgressFn
-from replay.engine.kv_tier_report import TierFigures, tier_figures, tier_names
+from replay.engine.kv_tier_report import tier_figures, tier_names
 from replay.engine.lockstep import ExchangeSeat, LockstepRouter, PeerStopped
+from replay.engine.part_results import ClusterResult, OffloadTotals, PoolTotals, ReplicaTotals, SchedTotals
 from replay.engine.recorder import Recorder
 from replay.engine.replay_gc import without_collector
 from replay.engine.routers import Router, RouterContext, build_router
@@ -41,60 +42,6 @@ from replay.engine.scheduler_factory import build_scheduler, tier_pools_for
 from replay.engine.shared_outputs import SharedOutputs
 from replay.engine.spec_decode import AcceptanceSampler, resolve_rates
 from replay.engine.trace_input import TraceArrays, trace_arrays
-
-
-@dataclass
-class SchedTotals:
-    """A replica's scheduler counters (Scheduler's names: run.json reads them by these)."""
-
-    prefix_query_tokens: int
-    prefix_hit_tokens: int
-    cpu_hit_tokens: int
-    total_preemptions: int
-
-
-@dataclass
-class PoolTotals:
-    num_evictions: int
-
-
-@dataclass
-class OffloadTotals:
-    values: dict[str, int]
-
-    def totals(self) -> dict[str, int]:
-        return self.values
-
-
-@dataclass
-class ReplicaTotals:
-    """One replica at the end of its cluster's replay, as run.json reads an EngineCore."""
-
-    replica: int  # global id
-    step_idx: int
-    first_step: int
-    busy_ms: float
-    schedule_calls: int
-    sched: SchedTotals
-    kv_pool: PoolTotals
-    offload: OffloadTotals | None
-
-
-@dataclass
-class ClusterResult:
-    """What run.json needs of one cluster: its replicas, and its requests' rows and end state."""
-
-    cluster: int
-    replicas: list[ReplicaTotals]
-    rows: np.ndarray  # trace rows this cluster replayed, in trace order (its requests file's order)
-    status: np.ndarray  # per row of ``rows``: 0 finished, 1 rejected, 2 unfinished
-    output_tokens: np.ndarray
-    replica: np.ndarray  # global replica id per row of ``rows`` (-1: none)
-    num_steps: int
-    num_chunks: int
-    span_ms: float
-    files: dict[str, bytes] = field(default_factory=dict)  # the output files, when sent from a worker
-    tiers: list[TierFigures] = field(default_factory=list)  # its KV tiers (its own cluster tiers)
 
 
 @without_collector  # a Ray task too replays under the engine's collector policy
@@ -440,25 +387,3 @@ def _run_on_ray(address: str, table: pa.Table, hash_block_size: int | None, conf
     finally:
         if started:
             ray.shutdown()
-
-
-@dataclass
-class MergedRecorder:
-    """What run.json reads of a recorder, over every cluster (per trace row, as Recorder keeps it)."""
-
-    status: np.ndarray
-    output_tokens: np.ndarray
-    replica: np.ndarray
-    num_steps: int
-    num_chunks: int
-
-    @classmethod
-    def of(cls, num_rows: int, results: list[ClusterResult]) -> MergedRecorder:
-        merged = cls(status=np.full(num_rows, 2, dtype=np.int8), output_tokens=np.zeros(num_rows, dtype=np.int32),
-                     replica=np.full(num_rows, -1, dtype=np.int64),
-                     num_steps=sum(r.num_steps for r in results), num_chunks=sum(r.num_chunks for r in results))
-        for r in results:
-            merged.status[r.rows] = r.status
-            merged.output_tokens[r.rows] = r.output_tokens
-            merged.replica[r.rows] = r.replica
-        return merged

@@ -21,13 +21,14 @@ from replay.base.atomic import atomic_dir, write_json_atomic
 from replay.base.errors import ConfigError
 from replay.engine.arrivals import ArrivalPlan, plan_arrivals
 from replay.engine.cluster_merge import merge_outputs
-from replay.engine.cluster_run import ClusterResult, MergedRecorder, replay_clusters
+from replay.engine.cluster_run import replay_clusters
 from replay.engine.clusters import assign_clusters, split_plan
 from replay.engine.config import EngineConfig
 from replay.engine.fleet import ProgressFn
 from replay.engine.kv_tier_report import TierFigures
 from replay.engine.lockstep import MAX_LOCKSTEP_PARTS, CostExchange, lockstep_plans, part_bounds
 from replay.engine.output_schema import RUN_FILE
+from replay.engine.part_results import ClusterResult, MergedRecorder
 from replay.engine.prepared_trace import PreparedTrace, RunSummary, config_input_files, store_trace
 from replay.engine.run_info import ReplayFacts, build_run_info
 from replay.engine.run_setup import EngineSetup
