@@ -301,19 +301,21 @@ class EngineCore:
             self.offload.release()
 
     # -- diagnostics ---------------------------------------------------------------------------------
+    def _no_progress(self, now: float) -> str:
+        """The opening both stop messages share: when, and where in a fleet."""
+        where = f" on replica {self.global_replica}" if self.global_replica else ""
+        return f"the replay cannot make progress at t={now:.1f} ms{where}"
+
     def stuck_message(self, now: float) -> str:
         sched = self.sched
         head = sched.waiting.peek() if sched.waiting else None
         what = f"request {head.request_id!r} ({head.num_tokens} tokens)" if head else "no request"
-        where = f" on replica {self.global_replica}" if self.global_replica else ""
-        return (f"the replay cannot make progress at t={now:.1f} ms{where}: {what} does not fit in the KV "
+        return (f"{self._no_progress(now)}: {what} does not fit in the KV "
                 f"cache ({self.kv_pool.get_num_free_blocks()} free blocks) and nothing else can run")
 
     def livelock_message(self, now: float) -> str:
-        sched = self.sched
-        holders = [r.request_id for r in sched.waiting if r.block_ids]
-        where = f" on replica {self.global_replica}" if self.global_replica else ""
-        return (f"the replay cannot make progress at t={now:.1f} ms{where}: the only running request was "
+        holders = [r.request_id for r in self.sched.waiting if r.block_ids]
+        return (f"{self._no_progress(now)}: the only running request was "
                 f"preempted {self.starved_preemptions} times with no token emitted since, because waiting "
                 f"requests holding KV blocks ({', '.join(map(repr, holders[:5])) or 'none'}; G2 loads cannot "
                 f"be preempted) leave it no room, and they starve each other in turn "

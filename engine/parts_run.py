@@ -42,11 +42,11 @@ _PROCESSES_FROM_REQUESTS = 4000
 
 def parts_in_step(requests: int, replicas: int, workers: int | None) -> int:
     """Processes (parts) for a fleet replayed in step (engine/lockstep.py): ``workers`` when named
-    (at most one per replica, and ``MAX_LOCKSTEP_PARTS``); when not, 2 once the replay is large enough to gain and this process
-    may use two cores, however many more it has, so that the same command writes the same bytes on
-    every such machine (the parts' step and chunk rows come part after part). Parts wait for each
-    other at every arrival, the more often the more parts; only two have been measured
-    (bench/README.md, "Replicas in step")."""
+    (at most one per replica, and ``MAX_LOCKSTEP_PARTS``); when not, 2 once the replay is large
+    enough to gain and this process may use two cores, however many more it has, so that the same
+    command writes the same bytes on every such machine (the parts' step and chunk rows come part
+    after part). Parts wait for each other at every arrival, the more often the more parts; only
+    two have been measured (bench/README.md, "Replicas in step")."""
     if workers is None:
         workers = 2 if requests >= _PROCESSES_FROM_REQUESTS and _usable_cores() >= 2 else 1
     return max(1, min(workers, replicas, MAX_LOCKSTEP_PARTS))
@@ -72,12 +72,12 @@ def replay_in_parts(prepared: PreparedTrace, config: EngineConfig, outdir: str |
                     config_path: str | Path | None, overwrite: bool, check_invariants: bool, fast_forward: bool,
                     progress: ProgressFn | None, ray_address: str | None, workers: int | None,
                     apart: tuple[ArrivalPlan, np.ndarray] | None = None,
-                    in_step: tuple[ArrivalPlan, int] | None = None) -> RunSummary:
+                    in_step: ArrivalPlan | None = None) -> RunSummary:
     """A fleet of clusters (engine/clusters.py), or a fleet whose replicas share nothing (``apart``:
     its arrival plan and every row's replica, engine/fleet_partition.py), each part replayed on its
     own (here, in local processes or on Ray), or a fleet behind a cost-picking router split into
-    parts replayed in step by as many processes (``in_step``: its arrival plan and the number of
-    parts, engine/lockstep.py); the outputs merged (engine/cluster_merge.py), one run.json over the
+    parts replayed in step, one per process (``in_step``: its arrival plan; ``workers`` parts,
+    engine/lockstep.py); the outputs merged (engine/cluster_merge.py), one run.json over the
     whole fleet."""
     fleet = config.fleet
     assert fleet is not None
@@ -87,12 +87,13 @@ def replay_in_parts(prepared: PreparedTrace, config: EngineConfig, outdir: str |
         raise ConfigError("this trace was prepared for a fleet without clusters, which lets its table go: "
                           "prepare it (prepare_trace) with the clustered config it is replayed with")
     if in_step is not None:
-        plan, num_parts = in_step
+        assert workers is not None, "a fleet in step has as many parts as processes"
+        plan, num_parts = in_step, workers
         bounds = part_bounds(fleet.replicas, num_parts)
         exchange = CostExchange(bounds)  # shared with the processes forked below
         plans = [dataclasses.replace(cp, lockstep_seat=exchange.seat(cp.cluster))
                  for cp in lockstep_plans(plan, requests.rejected, bounds)]
-        noun, workers = "part", num_parts  # every part at once: they wait for each other
+        noun = "part"  # every part at once, one per process: they wait for each other
     else:
         if apart is None:
             plan = plan_arrivals(trace, config.load, config.seed, requests.selected)

@@ -252,7 +252,7 @@ def replay_prepared(prepared: PreparedTrace, config: EngineConfig, outdir: str |
             parts = parts_in_step(len(requests.selected), config.fleet.replicas, workers)  # type: ignore[union-attr]
             if parts > 1:
                 return replay_in_parts(prepared, config, outdir, setup, wall_start, ray_address=None,
-                                         workers=parts, in_step=(plan, parts), **common)
+                                         workers=parts, in_step=plan, **common)
     if workers is not None and workers > 1:
         if plan is None:
             why = "replicas_apart is off" if not disaggregated else "a disaggregated fleet's pools exchange KV"
