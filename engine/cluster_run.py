@@ -107,6 +107,8 @@ def _replay_part(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, c
         tier_pools.set_clock(lambda: loop.now)
     if seat is not None and cp.cluster > 0:
         loop.records_refused = False  # part 0 records them
+    if isinstance(router, LockstepRouter):
+        router.run_ahead = loop.run_ahead
     loop.run_recorded()
     if seat is not None:
         seat.finish()

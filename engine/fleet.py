@@ -32,7 +32,7 @@ import numpy as np
 from replay.engine.arrivals import ArrivalPlan
 from replay.engine.block_keys import BlockKeys
 from replay.engine.core import DYNAMIC, OPEN, EngineCore, sync_open_windows
-from replay.engine.fleet_bounds import ReplicaBounds
+from replay.engine.fleet_ahead import BEGIN_PHASE, COMPLETE_PHASE, TRANSFER_PHASE, RunAhead
 from replay.engine.page_release import ConsumedPrefix
 from replay.engine.recorder import Recorder
 from replay.engine.replica_view import ReplicaView
@@ -43,10 +43,6 @@ from replay.engine.trace_input import TraceArrays
 from replay.engine.whole_table_index import WholeTableIndex
 
 ProgressFn = Callable[[float, int], None]
-
-# Heap phases. At one instant: step completions, then KV transfer events (disaggregated fleets,
-# engine/pd_fleet.py), then arrivals (not in the heap), then begins.
-_COMPLETE, TRANSFER_PHASE, _BEGIN = 0, 1, 2
 
 CONTROL_EVENT = -1  # the row of a controller event in the closed-loop arrival queue
 # Open arrivals between two hand-backs of the hash ids of rows already arrived (release_ids_before).
@@ -72,7 +68,7 @@ class ArrivalGate(Protocol):
     def refuse(self, req: Request, live: list[ReplicaView], now_ms: float) -> str | None: ...
 
 
-class FleetLoop(ReplicaBounds):
+class FleetLoop(RunAhead):
     """The clock over the arrivals and every replica's step events (see the module doc)."""
 
     windows_stay_open = True  # may decode windows stay open past other replicas' arrivals (see __init__)
@@ -120,6 +116,7 @@ class FleetLoop(ReplicaBounds):
         # reads (run_fleet's caller says so); see _may_release_ids.
         self.release_consumed_ids = False
         self._init_bounds()
+        self._init_run_ahead()
         # Decode windows may take a step that finishes requests, unless a finish releases a request
         # (concurrency mode) or a closed-loop turn waits on it (it could be routed anywhere).
         if not plan.concurrency:
@@ -241,12 +238,12 @@ class FleetLoop(ReplicaBounds):
         if window is not None:  # it ends at the first of its steps that starts at ``t`` or later
             end = window.truncate(t)
             if end < core.wake_ms:
-                self._push(core, end, _COMPLETE)
+                self._push(core, end, COMPLETE_PHASE)
             return
         if core.pending is None:  # a replica with a step in flight begins again when it completes
             t_wake = max(t, core.now)
             if t_wake < core.wake_ms:
-                self._push(core, t_wake, _BEGIN)
+                self._push(core, t_wake, BEGIN_PHASE)
 
     def _request_done(self, idx: int, time_ms: float) -> None:
         self.num_done += 1
@@ -301,6 +298,7 @@ class FleetLoop(ReplicaBounds):
         else:
             self.cores.append(core)
             self.views.append(view)
+            self._wake_phase.append(BEGIN_PHASE)
         if not self.plan.concurrency:
             core.on_finished = self._on_finished
             core.finish_is_quiet = self._finish_quiet
@@ -330,6 +328,7 @@ class FleetLoop(ReplicaBounds):
             core.wake_ms = math.inf
             return
         core.wake_ms = t
+        self._wake_phase[core.replica] = phase
         self._seq += 1
         heapq.heappush(self._heap, (t, phase, self._seq, core.replica, core.version))
 
@@ -367,7 +366,7 @@ class FleetLoop(ReplicaBounds):
             t_open = open_times[ptr] if ptr < n_open else inf
             t_dyn = dynamic[0][0] if dynamic else inf
             t_arr = t_open if t_open <= t_dyn else t_dyn
-            if heap and (heap[0][0] < t_arr or (heap[0][0] == t_arr and heap[0][1] < _BEGIN)):
+            if heap and (heap[0][0] < t_arr or (heap[0][0] == t_arr and heap[0][1] < BEGIN_PHASE)):
                 t, phase, _, rid, version = heapq.heappop(heap)
                 if phase == TRANSFER_PHASE:
                     self.now = t
@@ -381,12 +380,12 @@ class FleetLoop(ReplicaBounds):
                     if progress is not None and t - last_progress > 1000.0:
                         last_progress = t
                         progress(t, self.num_done)
-                    if phase == _COMPLETE:
+                    if phase == COMPLETE_PHASE:
                         t = core.complete(on_finished)
-                        phase = _BEGIN
+                        phase = BEGIN_PHASE
                     else:
                         t, completes = core.begin(t, horizon, next_event)
-                        phase = _COMPLETE if completes else _BEGIN
+                        phase = COMPLETE_PHASE if completes else BEGIN_PHASE
                     # While this replica's next act comes before any other event, take it at once
                     # (no heap round trip): the order is the heap's, ties included.
                     ptr = self._open_ptr
@@ -394,7 +393,7 @@ class FleetLoop(ReplicaBounds):
                     if dynamic and dynamic[0][0] < t_arr:
                         t_arr = dynamic[0][0]
                     if t != inf and (not heap or t < heap[0][0]) and (
-                            t < t_arr or (t == t_arr and phase == _COMPLETE)):
+                            t < t_arr or (t == t_arr and phase == COMPLETE_PHASE)):
                         core.wake_ms = t
                         continue
                     self._push(core, t, phase)
@@ -412,6 +411,7 @@ class FleetLoop(ReplicaBounds):
                 ready, _, idx = heapq.heappop(dynamic)
                 self.now = ready
                 self._arrive(idx, ready, DYNAMIC)
+        self.now = max(self.now, self._ran_ahead_to)
         for core in cores:
             core.drain_unfinished()
         if progress is not None:

@@ -27,6 +27,7 @@ import os
 import platform
 import time
 from array import array
+from collections.abc import Callable
 
 from replay.base.errors import ReplayError
 from replay.base.processes import pid_alive
@@ -228,12 +229,24 @@ class LockstepRouter(Router):
         self.hears_first_tokens = inner.hears_first_tokens
         self.reads_prefix_caches = inner.reads_prefix_caches
         self.passes_some_requests = True
+        # The fleet loop's run_ahead (engine/fleet_ahead.py): while the other parts price an
+        # arrival, this part's replicas priced above its cheapest (which a router picking a minimum
+        # cannot choose) run on to the next arrival.
+        self.run_ahead: Callable[[list[int]], None] | None = None
+        self._picks_a_minimum = inner.picks_a_minimum()
 
     def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int | None:  # type: ignore[override]
         inner = self.inner
         quote = inner.quote(req, replicas, now_ms)
-        costs = self.seat.swap(quote.costs)
-        chosen = inner.choose(costs) - self.seat.lo
+        seat = self.seat
+        seat.publish(quote.costs)
+        if self.run_ahead is not None and self._picks_a_minimum:
+            best = min(quote.costs)
+            cannot_win = [pos for pos, cost in enumerate(quote.costs) if cost > best]
+            if cannot_win:
+                self.run_ahead(cannot_win)
+        costs = seat.collect()
+        chosen = inner.choose(costs) - seat.lo
         if not 0 <= chosen < len(replicas):
             return None
         inner.commit(req, replicas[chosen].replica, quote, chosen, now_ms)

@@ -93,6 +93,11 @@ class Router:
         """``picks_by_cost`` routers: ``req`` goes to replica id ``replica``, at ``pos`` of ``quote``."""
         raise NotImplementedError
 
+    def picks_a_minimum(self) -> bool:
+        """``picks_by_cost`` routers: whether ``choose`` always picks one of the lowest costs (so a
+        replica priced above another cannot be chosen)."""
+        return False
+
     def request_finished(self, req: Request, replica: int) -> None:
         """The request left replica ``replica`` (an id; routers that track their own load forget it)."""
 

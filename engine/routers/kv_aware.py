@@ -178,6 +178,9 @@ class KvAwareRouter(Router):
         """The position of the winning cost (ties and temperature draw from the seeded stream)."""
         return self._pick_min(costs) if self.temperature <= 0 else self._sample(costs)
 
+    def picks_a_minimum(self) -> bool:
+        return self.temperature <= 0  # softmax sampling may pick any replica
+
     def commit(self, req: Request, replica: int, quote: KvAwareQuote, pos: int, now_ms: float) -> None:
         """``req`` goes to ``replica``, priced at ``pos`` of ``quote``: count it there."""
         self.active[replica].add(quote.prompt_runs)

@@ -83,6 +83,9 @@ class LeastLoadedRouter(Router):
         self.start = (self.start + 1) % n
         return best
 
+    def picks_a_minimum(self) -> bool:
+        return True
+
     def commit(self, req: Request, replica: int, quote: LoadQuote, pos: int, now_ms: float) -> None:
         self.snapshot[replica][0] += self.client_count
         self.inflight[replica] += 1

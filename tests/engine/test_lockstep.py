@@ -96,6 +96,39 @@ def test_uneven_parts_rejected_rows_and_g2(tmp_path):
     assert "rejected" in status
 
 
+@pytest.mark.parametrize(("options", "runs_ahead"), [({}, True), ({"router_temperature": 0.5}, False)])
+def test_waiting_parts_run_replicas_that_cannot_win_ahead(tmp_path, monkeypatch, options, runs_ahead):
+    # While a part waits for the others' costs, its replicas priced above its cheapest run on to the
+    # next arrival (engine/fleet_ahead.py); results stay the single loop's. Softmax sampling may pick
+    # any replica, so nothing runs ahead there.
+    from replay.engine.fleet_ahead import RunAhead
+
+    log = tmp_path / "ahead.log"  # appended to by the forked parts
+    real = RunAhead.run_ahead
+
+    def counting(loop, positions):
+        ptr = loop._open_ptr
+        t_next = loop._open_times[ptr] if ptr < len(loop._open_times) else float("inf")
+        due = sum(1 for pos in positions if loop.cores[loop.live_views[pos].replica].wake_ms < t_next)
+        with open(log, "a") as f:
+            f.write(f"{len(positions)} {due}\n")
+        real(loop, positions)
+
+    monkeypatch.setattr(RunAhead, "run_ahead", counting)
+    fleet = {"replicas": 6, "router": "kv_aware", "router_options": options}
+    trace = open_loop_trace(150, 9, gap_ms=3.0)
+    one = _replay(tmp_path, trace, "one", fleet, replicas_apart=False)
+    step = _replay(tmp_path, trace, "step", fleet, workers=2)
+    same_results(tmp_path / "one", tmp_path / "step")
+    _same_run(one, step)
+    calls = [tuple(map(int, line.split())) for line in log.read_text().splitlines()] if log.exists() else []
+    if runs_ahead:
+        assert all(1 <= n <= 2 for n, _ in calls)  # at most the part's 3 replicas but its cheapest
+        assert sum(due for _, due in calls) > 50  # replicas with steps to take before the next arrival
+    else:
+        assert calls == []
+
+
 def test_same_bytes_run_to_run(tmp_path):
     fleet = {"replicas": 3, "router": "kv_aware"}
     trace = open_loop_trace(90, 7, gap_ms=4.0)
