@@ -168,11 +168,6 @@ class ExchangeSeat:
         base = (k & 1) * ex.replicas
         return ex.slots[base:base + ex.replicas].tolist()
 
-    def swap(self, costs: list[float]) -> list[float]:
-        """``publish`` then ``collect``."""
-        self.publish(costs)
-        return self.collect()
-
     def _wait(self, q: int, k: int) -> None:
         head = self.exchange.head
         spins = 0
@@ -215,7 +210,8 @@ class ExchangeSeat:
 
 class LockstepRouter(Router):
     """A part's router: prices the part's replicas with the fleet's router (``inner``, whose replica
-    ids are the part's, from 0), swaps costs with the other parts, chooses over the whole fleet as
+    ids are the part's, from 0), swaps costs with the other parts (running the replicas that cannot
+    be chosen on to the next arrival while it waits), chooses over the whole fleet as
     the single loop's router would (``inner`` draws from the single loop's seeded stream), and
     records the request on its replica only when it is one of the part's. ``route`` returns None
     when another part takes the request."""
