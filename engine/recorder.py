@@ -25,9 +25,6 @@ from replay.engine.output_schema import (
     REQUESTS_FILE,
     REQUESTS_ROW_GROUP,
     REQUESTS_SCHEMA,
-    STATUS_FINISHED,
-    STATUS_REJECTED,
-    STATUS_UNFINISHED,
     STEPS_FILE,
     STEPS_SCHEMA,
     parquet_write_options,
@@ -35,9 +32,10 @@ from replay.engine.output_schema import (
 from replay.engine.page_release import ConsumedPrefix
 from replay.engine.pd_outputs import POOL_FIELD, PDRequestColumns, pool_step_columns
 from replay.engine.request import Request
+from replay.engine.request_rows import requests_table
 from replay.engine.row_runs import ChunkRunRows, ColumnCutter, StepRow, StepRuns, WindowRows
 from replay.engine.shared_outputs import SharedOutputs
-from replay.engine.trace_input import TraceArrays, session_array, string_array
+from replay.engine.trace_input import TraceArrays, string_array
 
 _ROW_GROUP = 1 << 20
 _CHUNK_RUNS_BUFFERED = 1 << 18  # closed chunk runs buffered before they go to the writer thread
@@ -358,7 +356,7 @@ class Recorder:
                 if not self.replayed[sel].all():
                     return
             writer = self._open_requests_writer()
-            writer.write_table(self._requests_table(sel), row_group_size=REQUESTS_ROW_GROUP)
+            writer.write_table(requests_table(self, sel, self._request_ids, self._requests_schema), row_group_size=REQUESTS_ROW_GROUP)
             self._requests_written = hi
             self._release_written_rows(int(sel[-1]) + 1)
 
@@ -397,60 +395,5 @@ class Recorder:
         # at once: small groups keep that to a sliver of the table (engine/cluster_merge.py).
         group = _PART_REQUESTS_ROW_GROUP if self.cluster_part else REQUESTS_ROW_GROUP
         for lo in range(first, end, group):
-            writer.write_table(self._requests_table(sel[lo:lo + group]), row_group_size=group)
+            writer.write_table(requests_table(self, sel[lo:lo + group], self._request_ids, self._requests_schema), row_group_size=group)
         writer.close()
-
-    def _requests_table(self, sel: np.ndarray) -> pa.Table:
-        """The rows of requests.parquet for trace rows ``sel``."""
-        t = self.trace
-        finished = self.status[sel] == 0
-        arrival = self.arrival[sel]
-        first_token = np.where(finished, self.first_token[sel], np.nan)
-        finish = np.where(finished, self.finish[sel], np.nan)
-        first_sched = self.first_scheduled[sel]
-        first_sched = np.where(first_sched >= 0, first_sched, np.nan)
-        out_tok = self.output_tokens[sel]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(finished & (out_tok > 1), (finish - first_token) / (out_tok - 1), np.nan)
-        drafts = self.drafts[sel]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mal = np.where(drafts > 0, 1.0 + self.accepted[sel] / np.maximum(drafts, 1), np.nan)
-        status_names = np.array([STATUS_FINISHED, STATUS_REJECTED, STATUS_UNFINISHED], dtype=object)
-        turn = t.turn[sel]
-
-        def f64(x: np.ndarray) -> pa.Array:
-            return pa.array(x, pa.float64(), from_pandas=True)  # NaN -> null
-
-        cols = {
-            "request_id": self._request_ids.take(pa.array(sel.astype(np.int64))),
-            "session_id": session_array(t.session_id, sel),
-            "turn": pa.array(np.where(turn >= 0, turn, 0).astype(np.int32), mask=turn < 0),
-            "arrival_ms": pa.array(arrival, pa.float64()),
-            "first_scheduled_ms": f64(first_sched),
-            "first_token_ms": f64(first_token),
-            "finish_ms": f64(finish),
-            "ttft_ms": f64(first_token - arrival),
-            "e2e_ms": f64(finish - arrival),
-            "queue_ms": f64(first_sched - arrival),
-            "tpot_ms": f64(tpot),
-            "input_tokens": pa.array(t.input_tokens[sel].astype(np.int32)),
-            "output_tokens": pa.array(out_tok),
-            "cached_tokens": pa.array(self.cached[sel]),
-            "cpu_hit_tokens": pa.array(self.cpu_hit[sel]),
-            "load_wait_ms": pa.array(self.load_wait[sel]),
-            "num_preemptions": pa.array(self.preemptions[sel]),
-            "num_drafts": pa.array(drafts),
-            "num_draft_tokens": pa.array(self.draft_tokens[sel]),
-            "num_accepted_tokens": pa.array(self.accepted[sel]),
-            "mean_acceptance_length": f64(mal),
-            "status": pa.array(status_names[self.status[sel]].tolist(), pa.string()),
-            "reject_reason": pa.array([self.reject_reason.get(int(i)) for i in sel], pa.string()),
-        }
-        for k, name in enumerate(self.tier_names):
-            cols[f"{name}_hit_tokens"] = pa.array(self.tier_hit[k][sel])
-        if self.replica_column:
-            cols["replica"] = pa.array(self.replica[sel], mask=self.replica[sel] < 0)
-        if self.pd_columns is not None:
-            for field, column in zip(self.pd_columns.fields, self.pd_columns.columns(sel, self.replica, self.load_wait)):
-                cols[field.name] = column
-        return pa.Table.from_pydict(cols, schema=self._requests_schema)
