@@ -105,10 +105,9 @@ def _replay_part(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, c
                      router_latency_ms=fleet.router_latency_ms, progress=progress, shared_lead=cp.shared_lead)
     if tier_pools is not None:
         tier_pools.set_clock(lambda: loop.now)
-    if seat is not None and cp.cluster > 0:
-        loop.records_refused = False  # part 0 records them
     if isinstance(router, LockstepRouter):
-        router.run_ahead = loop.run_ahead
+        router.run_ahead = loop.run_ahead  # what a part does while it waits for the others' costs
+        loop.records_refused = cp.cluster == 0  # part 0 records the rows refused up front
     loop.run_recorded()
     if seat is not None:
         seat.finish()

@@ -378,6 +378,20 @@ class TierChain:
                 at += p.blocks
             tier.reference(runs, pos, num_blocks)
 
+    def count_hits(self, host_blocks: int | None, parts: list[TierLoad], num_local: int, num_external: int,
+                   block_size: int) -> list[int]:
+        """A request's first admission took ``parts`` (and ``host_blocks`` offload blocks from G2,
+        None without G2): its hit tokens per tier (G2 first when present, ``hit_tokens_per_tier``),
+        counted on each tier below."""
+        off = 0 if host_blocks is None else 1
+        loaded = ([] if host_blocks is None else [host_blocks * block_size]) + [0] * len(self.tiers)
+        for p in parts:
+            loaded[off + p.tier] += p.blocks * block_size
+        tokens = hit_tokens_per_tier(loaded, num_local, num_external, block_size)
+        for i, tier in enumerate(self.tiers):
+            tier.hit_tokens += tokens[off + i]
+        return tokens
+
     def forget(self, idx: int) -> None:
         self._memo.pop(idx, None)
         self._loads.pop(idx, None)

@@ -31,7 +31,7 @@ from replay.engine.config import HostOffloadConfig
 from replay.engine.cpu_store import RunLRUStore, runs_len
 from replay.engine.key_lru_store import KeyLRUStore
 from replay.engine.kv_cache_manager import KVCacheManager
-from replay.engine.kv_tiers import TierChain, hit_tokens_per_tier
+from replay.engine.kv_tiers import TierChain
 from replay.engine.request import Request
 
 # get_num_new_matched_tokens: the lookup met a block whose copy is still in flight (vLLM's
@@ -283,8 +283,9 @@ class OffloadManager:
             r.tier_loads = parts
             if t > done:
                 done = t
-            if r.tier_hit_tokens is None and r.num_preemptions == 0:
-                self._record_tier_hits(r, num_local, num_external, parts)
+            if r.tier_hit_tokens is None and r.num_preemptions == 0:  # hits per tier at first admission
+                r.tier_hit_tokens = self.lower.count_hits(runs_len(r.load_keys) if self.has_host else None, parts,
+                                                          num_local, num_external, self.block_size)
         r.load_ready_ms = done
         heapq.heappush(self._loads, (done, r.idx))
         self.loading[r.idx] = r
@@ -309,21 +310,6 @@ class OffloadManager:
         r.tier_loads = parts
         heapq.heappush(self._loads, (done, r.idx))  # the replica wakes when the last part lands
         return (start + blocks) * bs - num_local, blocks * self.block_bytes, done
-
-    def _record_tier_hits(self, r: Request, num_local: int, num_external: int, parts: list) -> None:
-        """Hit tokens per tier at first admission (G2 first when present), from the blocks each
-        loaded (kv_tiers.hit_tokens_per_tier)."""
-        lower = self.lower
-        assert lower is not None
-        bs = self.block_size
-        off = 1 if self.has_host else 0
-        loaded = ([runs_len(r.load_keys) * bs] if self.has_host else []) + [0] * len(lower.tiers)
-        for p in parts:
-            loaded[off + p.tier] += p.blocks * bs
-        tokens = hit_tokens_per_tier(loaded, num_local, num_external, bs)
-        r.tier_hit_tokens = tokens
-        for i, tier in enumerate(lower.tiers):
-            tier.hit_tokens += tokens[off + i]
 
     def peek_tier_hits(self, r: Request, num_local: int, now_ms: float) -> dict[str, int]:
         """Hit tokens per tier (G2 as ``host`` first, when present) a lookup of ``r`` would find now

@@ -356,7 +356,7 @@ class Recorder:
                 if not self.replayed[sel].all():
                     return
             writer = self._open_requests_writer()
-            writer.write_table(requests_table(self, sel, self._request_ids, self._requests_schema), row_group_size=REQUESTS_ROW_GROUP)
+            writer.write_table(self._requests_table(sel), row_group_size=REQUESTS_ROW_GROUP)
             self._requests_written = hi
             self._release_written_rows(int(sel[-1]) + 1)
 
@@ -395,5 +395,9 @@ class Recorder:
         # at once: small groups keep that to a sliver of the table (engine/cluster_merge.py).
         group = _PART_REQUESTS_ROW_GROUP if self.cluster_part else REQUESTS_ROW_GROUP
         for lo in range(first, end, group):
-            writer.write_table(requests_table(self, sel[lo:lo + group], self._request_ids, self._requests_schema), row_group_size=group)
+            writer.write_table(self._requests_table(sel[lo:lo + group]), row_group_size=group)
         writer.close()
+
+    def _requests_table(self, sel: np.ndarray) -> pa.Table:
+        """The rows of requests.parquet for trace rows ``sel`` (engine/request_rows.py)."""
+        return requests_table(self, sel, self._request_ids, self._requests_schema)

@@ -18,7 +18,6 @@ from replay.engine.block_keys import BlockKeys
 from replay.engine.output_schema import STEPS_SCHEMA, parquet_write_options
 from replay.engine.recorder import Recorder
 from replay.engine.request import Request
-from replay.engine.request_rows import requests_table
 from replay.engine.row_runs import ChangePoints, ColumnCutter, StepRow, StepRuns, WindowRows
 from replay.engine.trace_input import trace_arrays
 from tests.engine_helpers import make_trace
@@ -220,7 +219,7 @@ def test_requests_file_is_written_one_row_group_at_a_time(tmp_path, monkeypatch)
     written = pq.ParquetFile(tmp_path / "requests.parquet")
     assert [written.metadata.row_group(i).num_rows for i in range(written.num_row_groups)] == [2, 2, 1]
     assert written.read()["finish_ms"].to_pylist() == [2.0, 3.0, 4.0, 5.0, 6.0]
-    whole = requests_table(rec, np.arange(5), rec._request_ids, rec._requests_schema)
+    whole = rec._requests_table(np.arange(5))
     pq.write_table(whole, tmp_path / "whole.parquet", row_group_size=2, **parquet_write_options(whole.schema))
     assert (tmp_path / "whole.parquet").read_bytes() == (tmp_path / "requests.parquet").read_bytes()
 
