@@ -181,15 +181,16 @@ class FleetLoop(RunAhead):
         t = self.trace
         if idx < t.ids_released_row:
             raise RuntimeError(f"trace row {idx}: its hash ids were handed back (release_ids_before)")
+        # ndarray.item: a Python int at once (int(a[i]) makes a NumPy scalar first; this runs per arrival).
         off = t.hash_offsets
-        inp = int(t.input_tokens[idx])
-        start, end = int(off[idx]), int(off[idx + 1])
+        inp = t.input_tokens.item(idx)
+        start, end = off.item(idx), off.item(idx + 1)
         # The request's own ids as Python ints (the trace keeps them as one uint64 array).
         keys = BlockKeys(t.hash_values[start:end].tolist(), 0, end - start, t.hash_block_size,
-                         self.block_size, inp, idx, self.hash_lookahead, int(self._shared_lead[idx]))
-        return Request(idx, t.request_id[idx], time_ms, inp, int(t.output_tokens[idx]), keys,
-                       t.session_id[idx], int(t.turn[idx]) if t.turn[idx] >= 0 else None,
-                       int(t.priority[idx]))
+                         self.block_size, inp, idx, self.hash_lookahead, self._shared_lead.item(idx))
+        turn = t.turn.item(idx)
+        return Request(idx, t.request_id[idx], time_ms, inp, t.output_tokens.item(idx), keys,
+                       t.session_id[idx], turn if turn >= 0 else None, t.priority.item(idx))
 
     def _arrive(self, idx: int, time_ms: float, kind: int) -> None:
         control = self.control

@@ -21,7 +21,8 @@ Answers:
   ``BlockKeys.key_runs`` gives them) the replica's GPU prefix cache holds now: the blocks a request
   with those keys would find cached if it were scheduled here at once (vLLM additionally recomputes
   the last token, so a full hit on the whole prompt gives back one block; that is the engine's
-  business, not the router's). ``prefix_hit_blocks_of(views, runs)`` asks every view at once.
+  business, not the router's). ``prefix_hit_blocks_of(views, runs)`` asks every view at once;
+  ``ViewsAsked`` does so for a list a router asks again and again.
 
 - ``tier_hit_tokens(req, gpu_hit_tokens, now_ms)``: per KV tier after the GPU (G2 as ``host`` first, then
   ``kv_cache.tiers``), the tokens a lookup of ``req`` would take from it now, continuing a GPU hit of
@@ -113,6 +114,29 @@ def prefix_hit_blocks_of(replicas: list[ReplicaView], runs: list[range]) -> list
     """``prefix_hit_blocks(runs)`` of every replica in ``replicas``, in order: one compiled loop over
     their prefix caches, for a router that asks every replica at every arrival. Any other object with
     this interface (a test's stand-in) is asked through its method."""
-    if all(type(view) is ReplicaView for view in replicas):
-        return cached_prefix_lens([view._pool for view in replicas], runs)
-    return [view.prefix_hit_blocks(runs) for view in replicas]
+    return ViewsAsked(replicas).prefix_hit_blocks(runs)
+
+
+class ViewsAsked:
+    """One list of views a router asks at every arrival, read once: the replicas' ids and their
+    prefix caches. A router keeps one while ``is_for`` its list (a fixed fleet hands it the same list
+    at every arrival), so an arrival's prefix lookups are one compiled call with nothing gathered."""
+
+    __slots__ = ("views", "size", "ids", "_pools")
+
+    def __init__(self, views: list[ReplicaView]) -> None:
+        self.views = views
+        self.size = len(views)
+        self.ids = [view.replica for view in views]
+        self._pools = [view._pool for view in views] if all(type(view) is ReplicaView for view in views) else None
+
+    def is_for(self, views: list[ReplicaView]) -> bool:
+        """Whether ``views`` is the list read (an autoscaled fleet replaces its list, or grows it in
+        place and then tells the router through Router.replica_started)."""
+        return views is self.views and len(views) == self.size
+
+    def prefix_hit_blocks(self, runs: list[range]) -> list[int]:
+        """``prefix_hit_blocks(runs)`` of every view, in order."""
+        if self._pools is not None:
+            return cached_prefix_lens(self._pools, runs)
+        return [view.prefix_hit_blocks(runs) for view in self.views]

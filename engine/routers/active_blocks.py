@@ -21,15 +21,17 @@ class ActiveBlocks:
     __slots__ = ("lengths", "longest", "num_blocks")
 
     def __init__(self) -> None:
-        self.lengths: dict[int, dict[int, int]] = {}  # run start -> {length: active requests}
-        self.longest: dict[int, int] = {}  # run start -> the longest length held
+        # Keyed by the run start's int object as the range holds it (dict[object, ...]): compiled
+        # code would otherwise unbox each start and box it again, a new int object per lookup.
+        self.lengths: dict[object, dict[int, int]] = {}  # run start -> {length: active requests}
+        self.longest: dict[object, int] = {}  # run start -> the longest length held
         self.num_blocks = 0  # distinct blocks held: the sum of the longest lengths
 
     def add(self, runs: list[range]) -> None:
         lengths, longest = self.lengths, self.longest
         for run in runs:
             n = len(run)
-            key = run.start
+            key: object = run.start
             counts = lengths.get(key)
             if counts is None:
                 lengths[key] = {n: 1}
@@ -46,7 +48,7 @@ class ActiveBlocks:
         lengths, longest = self.lengths, self.longest
         for run in runs:
             n = len(run)
-            key = run.start
+            key: object = run.start
             counts = lengths[key]
             left = counts[n] - 1
             if left:
@@ -69,7 +71,8 @@ class ActiveBlocks:
         total = 0
         for run in runs:
             n = len(run)
-            m = longest.get(run.start, 0)
+            start: object = run.start
+            m = longest.get(start, 0)
             if m < n:
                 return total + m
             total += n
@@ -84,7 +87,7 @@ def kv_aware_costs(workers: list[int], overlaps: list[int], credits: list[int] |
     credited for hits in lower KV tiers, or None. Appends each worker's uncached prompt tokens to
     ``new_tokens``."""
     num_blocks = isl // block_size
-    first_start = -1
+    first_start: object = -1
     first_len = 0
     if prompt_runs:
         first = prompt_runs[0]

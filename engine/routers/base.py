@@ -122,5 +122,7 @@ class Router:
     def _pick_min(self, costs: list[float]) -> int:
         """Lowest cost; equal costs broken by a seeded uniform draw."""
         best = min(costs)
+        if costs.count(best) == 1:  # the common case, without a Python loop (this runs per arrival)
+            return costs.index(best)
         ties = [i for i, c in enumerate(costs) if c == best]
-        return ties[0] if len(ties) == 1 else ties[self.rng.randrange(len(ties))]
+        return ties[self.rng.randrange(len(ties))]

@@ -34,7 +34,7 @@ import math
 from collections import deque
 from itertools import takewhile
 
-from replay.engine.replica_view import ReplicaView, prefix_hit_blocks_of
+from replay.engine.replica_view import ReplicaView, ViewsAsked
 from replay.engine.request import Request
 from replay.engine.routers.active_blocks import ActiveBlocks, kv_aware_costs
 from replay.engine.routers.base import Router, RouterContext
@@ -110,6 +110,8 @@ class KvAwareRouter(Router):
         self.active = [ActiveBlocks() for _ in range(self.n)]  # prompt blocks of the active requests
         self.prefill_tokens = [0] * self.n  # per worker: the sum of its requests' PrefillLoad tokens
         self.prefilling: dict[int, PrefillLoad] = {}  # trace row -> load, until its first token
+        self.active_runs: dict[int, list[range]] = {}  # trace row -> its prompt runs, until it finishes
+        self._asked: ViewsAsked | None = None  # the replica list the last arrival asked
         self.tier_weights = options.tier_weights
         self.approx = (None if self.kv_events else
                        [ApproxIndex(options.ttl_s * 1000.0, options.max_tree_blocks) for _ in range(self.n)])
@@ -122,7 +124,7 @@ class KvAwareRouter(Router):
         """The prompt's full blocks as key runs: the same keys as ``_prompt_keys``, in order."""
         keys = req.keys
         runs = keys.key_runs(0, req.num_prompt_tokens // self.ctx.block_size, keys.block_size)
-        return [run for run in runs if len(run)]
+        return runs if all(runs) else [run for run in runs if len(run)]
 
     def _approx_overlap(self, view: ReplicaView, keys: list[int], now_ms: float) -> int:
         """Leading request blocks the approximate index remembers sending to ``view``'s replica."""
@@ -149,10 +151,13 @@ class KvAwareRouter(Router):
         bs = self.ctx.block_size
         if prompt_runs is None:
             prompt_runs = self._prompt_runs(req)
+        asked = self._asked
+        if asked is None or not asked.is_for(replicas):
+            asked = self._asked = ViewsAsked(replicas)
         if self.kv_events:
             same_size = req.keys.block_size == bs
             runs = prompt_runs if same_size else req.keys.key_runs(0, req.num_prompt_tokens // bs, bs)
-            overlaps = prefix_hit_blocks_of(replicas, runs)
+            overlaps = asked.prefix_hit_blocks(runs)
         else:
             if keys is None:
                 keys = self._prompt_keys(req)
@@ -163,7 +168,7 @@ class KvAwareRouter(Router):
             for pos, view in enumerate(replicas):
                 tiers = view.tier_hit_tokens(req, overlaps[pos] * bs, now_ms)
                 credits.append(int(sum([self.tier_weights.get(name, 0.0) * t for name, t in tiers.items()])))
-        return kv_aware_costs([view.replica for view in replicas], overlaps, credits, self.active,
+        return kv_aware_costs(asked.ids, overlaps, credits, self.active,
                               self.prefill_tokens, prompt_runs, req.num_prompt_tokens, bs, self.weight, new_tokens)
 
     def quote(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> KvAwareQuote:
@@ -184,6 +189,7 @@ class KvAwareRouter(Router):
     def commit(self, req: Request, replica: int, quote: KvAwareQuote, pos: int, now_ms: float) -> None:
         """``req`` goes to ``replica``, priced at ``pos`` of ``quote``: count it there."""
         self.active[replica].add(quote.prompt_runs)
+        self.active_runs[req.idx] = quote.prompt_runs
         self.prefill_tokens[replica] += quote.new_tokens[pos]
         self.prefilling[req.idx] = PrefillLoad(replica, quote.new_tokens[pos])
         if self.approx is not None and quote.keys is not None:
@@ -205,10 +211,12 @@ class KvAwareRouter(Router):
         return len(costs) - 1
 
     def request_finished(self, req: Request, replica: int) -> None:
-        self.active[replica].remove(self._prompt_runs(req))
+        runs = self.active_runs.pop(req.idx, None)
+        self.active[replica].remove(runs if runs is not None else self._prompt_runs(req))
         self._settle_prefill(req)
 
     def replica_started(self, replica: int) -> None:
+        self._asked = None  # the fleet's list of live replicas changed in place
         self.active[replica] = ActiveBlocks()
         self.prefill_tokens[replica] = 0
         self.prefilling = {idx: load for idx, load in self.prefilling.items() if load.replica != replica}

@@ -415,3 +415,5 @@ def test_kv_aware_counts_prefill_load_until_the_first_token(tmp_path, monkeypatc
     _run(table, meta, {"fleet": fleet}, tmp_path / "out", 60)
     assert len(routers) == (2 if "prefill" in fleet else 1)
     assert all(not r.prefilling and not any(r.prefill_tokens) for r in routers)
+    # Every request finished gave back the prompt blocks it was counted with.
+    assert all(not r.active_runs and all(a.num_blocks == 0 and not a.lengths for a in r.active) for r in routers)

@@ -88,6 +88,31 @@ def test_prefix_hits(fleet):
         assert prefix_hit_blocks_of(list(fleet), _runs(ids)) == [v.prefix_hit_blocks(_runs(ids)) for v in fleet]
 
 
+def test_views_asked_answers_for_its_own_list_only(fleet):
+    """A router keeps a ViewsAsked while the fleet hands it the same list: a list grown in place or
+    replaced is a different one, and stand-ins (no ReplicaView) are asked through their method."""
+    from replay.engine.replica_view import ViewsAsked
+
+    views = list(fleet)
+    asked = ViewsAsked(views)
+    assert asked.is_for(views) and asked.ids == [0, 1]
+    assert not asked.is_for(list(views))  # equal, but not the list read
+    for ids in ([1, 2, 3, 9], [1, 2, 3, 4, 5], [9, 2], []):
+        assert asked.prefix_hit_blocks(_runs(ids)) == [v.prefix_hit_blocks(_runs(ids)) for v in fleet]
+
+    class StandIn:
+        replica = 7
+
+        def prefix_hit_blocks(self, runs):
+            return 5
+
+    views.append(StandIn())
+    assert not asked.is_for(views)  # grown in place
+    mixed = ViewsAsked(views)
+    assert mixed.ids == [0, 1, 7]
+    assert mixed.prefix_hit_blocks(_runs([1, 2, 3, 9])) == [3, 2, 5]
+
+
 def test_the_view_is_read_only_and_hands_out_no_engine_object(fleet):
     v0 = fleet[0]
     public = sorted(n for n in dir(v0) if not n.startswith("_"))
