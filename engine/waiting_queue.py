@@ -5,7 +5,8 @@ tokens while waiting) in a queue of their own, ``kv_holding_waiting``, drained b
 (v1/core/sched/scheduler.py: "a block-holder must never sit behind a request whose failed
 allocation would stop the scheduling scan"); a preempted request goes to the head of ``waiting``,
 so behind them. The FCFS deque keeps that order in one queue: block holders first, each group in
-vLLM's order.
+vLLM's order. The priority queue keeps vLLM's two heaps: the block holders', served first, and the
+others', each by (priority, arrival).
 """
 
 from __future__ import annotations
@@ -64,29 +65,36 @@ class FCFSQueue:
 
 
 class PriorityQueue:
-    """Lower priority value first, ties by arrival time (then trace order, for determinism)."""
+    """Lower priority value first, ties by arrival time (then trace order, for determinism). As in
+    vLLM 0.33, the requests holding KV blocks wait in a heap of their own (``kv_holding_waiting``),
+    served before the other heap whatever the priorities: a block holder behind a request whose
+    allocation fails would never be reached. Which heap is decided when a request is queued, as
+    vLLM's ``_enqueue_waiting_request`` does."""
 
-    __slots__ = ("_heap",)
+    __slots__ = ("_holding", "_heap")
 
     def __init__(self) -> None:
+        self._holding: list[tuple[int, float, int, Request]] = []
         self._heap: list[tuple[int, float, int, Request]] = []
 
     def add(self, req: Request) -> None:
-        heapq.heappush(self._heap, (req.priority, req.arrival_ms, req.idx, req))
+        heap = self._holding if holds_kv_blocks(req) else self._heap
+        heapq.heappush(heap, (req.priority, req.arrival_ms, req.idx, req))
 
-    prepend = add  # a preempted request re-enters by its (priority, arrival) key
+    prepend = add  # vLLM: prepend_request on a heap is add_request (a preempted request by its key)
 
     def peek(self) -> Request:
-        return self._heap[0][3]
+        return (self._holding or self._heap)[0][3]
 
     def pop(self) -> Request:
-        return heapq.heappop(self._heap)[3]
+        return heapq.heappop(self._holding or self._heap)[3]
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._holding) + len(self._heap)
 
     def __bool__(self) -> bool:
-        return bool(self._heap)
+        return bool(self._holding) or bool(self._heap)
 
     def __iter__(self):
-        return (item[3] for item in sorted(self._heap))
+        """Serving order: the block holders, then the others."""
+        return (item[3] for heap in (self._holding, self._heap) for item in sorted(heap))

@@ -122,3 +122,53 @@ def test_the_fcfs_queue_keeps_block_holders_first():
     q.prepend(req("preempted", status=RequestStatus.PREEMPTED))  # behind the two holding blocks
     q.prepend(req("skipped-load", status=RequestStatus.WAITING_FOR_REMOTE_KVS))  # at the very head
     assert [r.name for r in q] == ["skipped-load", "loading", "loaded", "preempted", "new"]
+
+
+def test_the_priority_queue_keeps_block_holders_first():
+    from types import SimpleNamespace
+
+    from replay.engine.request import RequestStatus
+    from replay.engine.waiting_queue import PriorityQueue
+
+    def req(name: str, priority: int, arrival: float, computed: int = 0,
+            status: RequestStatus = RequestStatus.WAITING):
+        return SimpleNamespace(name=name, priority=priority, arrival_ms=arrival, idx=int(arrival),
+                               num_computed_tokens=computed, status=status)
+
+    q = PriorityQueue()
+    q.add(req("new-urgent", 0, 5.0))
+    q.add(req("new", 2, 1.0))
+    q.prepend(req("loaded", 3, 4.0, computed=64))  # a finished load: its blocks are held
+    q.prepend(req("loading", 1, 6.0, status=RequestStatus.WAITING_FOR_REMOTE_KVS))
+    q.prepend(req("preempted", 1, 0.0, status=RequestStatus.PREEMPTED))  # by its key, among the others
+    # vLLM 0.33: kv_holding_waiting (by priority, arrival) is drained before waiting.
+    assert [r.name for r in q] == ["loading", "loaded", "new-urgent", "preempted", "new"]
+    assert len(q) == 5 and q.peek().name == "loading"
+    assert [q.pop().name for _ in range(5)] == ["loading", "loaded", "new-urgent", "preempted", "new"]
+    assert not q
+
+
+def test_priority_block_holders_are_served_before_better_priorities(tmp_path):
+    # With one heap by (priority, arrival), a request whose CPU load had finished sat behind
+    # better-priority requests that did not fit, and with nothing running the replay stopped
+    # ("cannot make progress" at t=62 s on this trace): vLLM serves the block holders first.
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from replay.cli import app
+
+    trace = tmp_path / "synth.parquet"
+    res = CliRunner().invoke(app, ["synth", "-n", "3000", "--turns-mean", "1", "--seed", "1", "-o", str(trace)])
+    assert res.exit_code == 0, res.output
+    table = pq.read_table(trace)
+    priorities = pa.array(np.random.default_rng(1).integers(0, 4, len(table)).astype(np.int32))
+    pq.write_table(table.set_column(table.schema.get_field_index("priority"), "priority", priorities), trace)
+    data = {"kv_cache": {"num_gpu_blocks": 200}, "host_offload": {"num_cpu_blocks": 300},
+            "load": {"max_requests": 200}, "scheduler": {"policy": "priority"}}
+    cfg = EngineConfig.model_validate(data)
+    setup = resolve_setup(cfg)
+    prepared = prepare_any_trace(trace, cfg, setup, on_error="skip")
+    info = replay_prepared(prepared, cfg, tmp_path / "o", setup=setup).run_info
+    assert info["totals"]["unfinished"] == 0 and info["totals"]["preemptions"] > 0
