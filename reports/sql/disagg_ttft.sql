@@ -12,7 +12,7 @@ WITH r AS (
     FROM requests
     WHERE status = 'finished' AND prefill_replica IS NOT NULL
 )
-SELECT part, avg(v) AS mean, quantile_cont(v, 0.5) AS p50, quantile_cont(v, 0.99) AS p99
+SELECT part, favg(v) AS mean, quantile_cont(v, 0.5) AS p50, quantile_cont(v, 0.99) AS p99
 FROM (UNPIVOT r ON queue_ms, prefill_ms, decode_admission_ms, transfer_ms, first_step_ms, ttft_ms
       INTO NAME part VALUE v)
 GROUP BY part

@@ -12,5 +12,5 @@ w AS (
 SELECT
     quantile_cont(ttft_ms, 0.5) FILTER (WHERE arrival_ms <= lo + 0.2 * (hi - lo))  AS ttft_p50_first_fifth,
     quantile_cont(ttft_ms, 0.5) FILTER (WHERE arrival_ms >= hi - 0.2 * (hi - lo))  AS ttft_p50_last_fifth,
-    sum(queue_ms) / nullif(sum(ttft_ms), 0)                                       AS queue_share_of_ttft
+    fsum(queue_ms) / nullif(fsum(ttft_ms), 0)                                     AS queue_share_of_ttft
 FROM f, w

@@ -347,3 +347,33 @@ def test_status_rows(frames, metrics):
     assert got == want
     assert any("rejected" in w for w in metrics.warnings)
     assert any("uncalibrated" in w for w in metrics.warnings)
+
+
+def test_the_routed_ideal_is_an_infinite_cache_per_replica(tmp_path):
+    """fleet_ideal.sql on a fleet's run: per replica, an infinite cache over the rows it served, in
+    arrival order; rows rejected before the run count in the trace's ideal only."""
+    from typer.testing import CliRunner
+
+    from replay.cli import app
+
+    trace, out, cfg = tmp_path / "synth.parquet", tmp_path / "out", tmp_path / "fleet.yaml"
+    res = CliRunner().invoke(app, ["synth", "-n", "1200", "--turns-mean", "2", "--seed", "3", "-o", str(trace)])
+    assert res.exit_code == 0, res.output
+    cfg.write_text("kv_cache: {num_gpu_blocks: 250}\nfleet: {replicas: 3, router: kv_aware}\n")
+    res = CliRunner().invoke(app, ["run", str(trace), "-c", str(cfg), "-o", str(out), "-q", "--on-error", "skip"])
+    assert res.exit_code == 0, res.output
+    run = open_run(out)
+    rows = pq.read_table(trace).to_pandas()
+    req = pq.read_table(out / "requests.parquet").to_pandas()
+    assert (req.status == "rejected").sum() > 0
+    block = run.trace_meta.hash_block_size
+    expected = 0
+    for _, served in req[req.status != "rejected"].groupby("replica"):
+        mine = rows[rows.request_id.isin(served.request_id)].reset_index(drop=True)
+        expected += int(ideal_hits_reference(mine, block).sum())
+    routed = run.con.execute(_sql("fleet_ideal")).fetchone()
+    assert routed[0] == expected > 0
+    assert routed[1] == int(req[req.status != "rejected"].input_tokens.sum())
+    assert build_trace_ideal(run)
+    whole = run.con.execute("SELECT sum(ideal_hit_tokens) FROM trace_ideal").fetchone()[0]
+    assert whole == int(ideal_hits_reference(rows, block).sum()) >= expected
