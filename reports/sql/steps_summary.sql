@@ -11,7 +11,9 @@ SELECT
     max(running)                                                    AS running_max,
     fsum(waiting * duration_ms) / nullif(fsum(duration_ms), 0)     AS waiting_mean,
     max(waiting)                                                    AS waiting_max,
-    arg_max(waiting, step)                                          AS waiting_final,
+    -- Still waiting when the run ended: each replica's last step, summed over the fleet (step
+    -- numbers are per replica; one arg_max over all of them picked a replica by thread timing).
+    (SELECT sum(w) FROM (SELECT arg_max(waiting, step) AS w FROM steps GROUP BY replica))::BIGINT AS waiting_final,
     coalesce(sum(bytes_stored), 0)                                  AS bytes_stored,
     coalesce(sum(bytes_loaded), 0)                                  AS bytes_loaded
 FROM steps

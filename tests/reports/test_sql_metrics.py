@@ -377,3 +377,17 @@ def test_the_routed_ideal_is_an_infinite_cache_per_replica(tmp_path):
     assert build_trace_ideal(run)
     whole = run.con.execute("SELECT sum(ideal_hit_tokens) FROM trace_ideal").fetchone()[0]
     assert whole == int(ideal_hits_reference(rows, block).sum()) >= expected
+
+
+def test_waiting_at_the_end_sums_each_replicas_last_step():
+    """Step numbers are per replica: two replicas both end at step 2, with 3 and 7 waiting."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("CREATE VIEW steps AS SELECT * FROM (VALUES "
+                "(0, 0, 1), (1, 0, 2), (2, 0, 3), (0, 1, 4), (1, 1, 5), (2, 1, 7)) v(step, replica, waiting), "
+                "(SELECT 10.0 AS duration_ms, 0.5 AS kv_usage, 0.0 AS cpu_usage, 1 AS running, "
+                "0 AS bytes_stored, 0 AS bytes_loaded)")
+    cur = con.execute(_sql("steps_summary"))
+    summary = dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
+    assert (summary["waiting_final"], summary["waiting_max"], summary["steps"]) == (10, 7, 6)
