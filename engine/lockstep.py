@@ -254,6 +254,9 @@ class LockstepRouter(Router):
     def request_first_token(self, req: Request) -> None:
         self.inner.request_first_token(req)
 
+    def replica_started(self, replica: int) -> None:
+        self.inner.replica_started(replica)  # (fleets in step are fixed today: why_replicas_meet)
+
 
 def lockstep_plans(plan: ArrivalPlan, rejected: dict[int, str], bounds: list[int]) -> list[ClusterPlan]:
     """Each part's share of the replay: the whole plan (every part prices every request, and sees
