@@ -22,7 +22,7 @@ Answers:
   with those keys would find cached if it were scheduled here at once (vLLM additionally recomputes
   the last token, so a full hit on the whole prompt gives back one block; that is the engine's
   business, not the router's). ``prefix_hit_blocks_of(views, runs)`` asks every view at once;
-  ``ViewsAsked`` does so for a list a router asks again and again.
+  ``ViewsAsked`` (``Router.views_asked``) does so for a list a router asks again and again.
 
 - ``tier_hit_tokens(req, gpu_hit_tokens, now_ms)``: per KV tier after the GPU (G2 as ``host`` first, then
   ``kv_cache.tiers``), the tokens a lookup of ``req`` would take from it now, continuing a GPU hit of
@@ -131,8 +131,8 @@ class ViewsAsked:
         self._pools = [view._pool for view in views] if all(type(view) is ReplicaView for view in views) else None
 
     def is_for(self, views: list[ReplicaView]) -> bool:
-        """Whether ``views`` is the list read (an autoscaled fleet replaces its list, or grows it in
-        place and then tells the router through Router.replica_started)."""
+        """Whether ``views`` is the list read: an autoscaled fleet replaces its list when a replica
+        leaves and grows it in place when one joins (a view's replica and cache never change)."""
         return views is self.views and len(views) == self.size
 
     def prefix_hit_blocks(self, runs: list[range]) -> list[int]:

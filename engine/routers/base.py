@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from replay.engine.replica_view import ReplicaView
+from replay.engine.replica_view import ReplicaView, ViewsAsked
 from replay.engine.request import Request
 from replay.engine.spec_decode import splitmix64
 from replay.engine.trace_input import TraceArrays
@@ -66,6 +66,7 @@ class Router:
         self.n = ctx.num_replicas
         # Ties are broken by a seeded draw (Dynamo and llm-d pick uniformly among equal scores).
         self.rng = random.Random(ctx.seed * 1_000_003 + 7919)
+        self._asked: ViewsAsked | None = None  # the replica list the last arrival asked (views_asked)
 
     def route(self, req: Request, replicas: list[ReplicaView], now_ms: float) -> int:
         """The replica (index into ``replicas``) that gets ``req``, arriving at ``now_ms``.
@@ -118,6 +119,14 @@ class Router:
         """Round robin: how many open arrivals from now until this replica's next one, provided
         no closed-loop arrival comes in between; None when the router cannot say."""
         return None
+
+    def views_asked(self, replicas: list[ReplicaView]) -> ViewsAsked:
+        """``replicas``' ids and prefix caches, gathered once per list: a fixed fleet hands the same
+        list at every arrival (ViewsAsked.is_for says when it is another or has grown)."""
+        asked = self._asked
+        if asked is None or not asked.is_for(replicas):
+            asked = self._asked = ViewsAsked(replicas)
+        return asked
 
     def _pick_min(self, costs: list[float]) -> int:
         """Lowest cost; equal costs broken by a seeded uniform draw."""

@@ -34,7 +34,7 @@ import math
 from collections import deque
 from itertools import takewhile
 
-from replay.engine.replica_view import ReplicaView, ViewsAsked
+from replay.engine.replica_view import ReplicaView
 from replay.engine.request import Request
 from replay.engine.routers.active_blocks import ActiveBlocks, kv_aware_costs
 from replay.engine.routers.base import Router, RouterContext
@@ -111,7 +111,6 @@ class KvAwareRouter(Router):
         self.prefill_tokens = [0] * self.n  # per worker: the sum of its requests' PrefillLoad tokens
         self.prefilling: dict[int, PrefillLoad] = {}  # trace row -> load, until its first token
         self.active_runs: dict[int, list[range]] = {}  # trace row -> its prompt runs, until it finishes
-        self._asked: ViewsAsked | None = None  # the replica list the last arrival asked
         self.tier_weights = options.tier_weights
         self.approx = (None if self.kv_events else
                        [ApproxIndex(options.ttl_s * 1000.0, options.max_tree_blocks) for _ in range(self.n)])
@@ -151,9 +150,7 @@ class KvAwareRouter(Router):
         bs = self.ctx.block_size
         if prompt_runs is None:
             prompt_runs = self._prompt_runs(req)
-        asked = self._asked
-        if asked is None or not asked.is_for(replicas):
-            asked = self._asked = ViewsAsked(replicas)
+        asked = self.views_asked(replicas)
         if self.kv_events:
             same_size = req.keys.block_size == bs
             runs = prompt_runs if same_size else req.keys.key_runs(0, req.num_prompt_tokens // bs, bs)
@@ -216,7 +213,6 @@ class KvAwareRouter(Router):
         self._settle_prefill(req)
 
     def replica_started(self, replica: int) -> None:
-        self._asked = None  # the fleet's list of live replicas changed in place
         self.active[replica] = ActiveBlocks()
         self.prefill_tokens[replica] = 0
         self.prefilling = {idx: load for idx, load in self.prefilling.items() if load.replica != replica}

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from replay.engine.replica_view import ReplicaView, prefix_hit_blocks_of
+from replay.engine.replica_view import ReplicaView
 from replay.engine.request import Request
 from replay.engine.routers.base import Router, RouterContext
 
@@ -81,7 +81,7 @@ class PrefixScoreRouter(Router):
             runs = req.keys.key_runs(0, n_full, self.ctx.block_size)
             if tail is not None:
                 runs.append(range(tail, tail + 1))
-            matches = prefix_hit_blocks_of(replicas, runs)
+            matches = self.views_asked(replicas).prefix_hit_blocks(runs)
         else:
             keys = req.keys.keys_upto(n_full)[:n_full]
             if tail is not None:
