@@ -39,10 +39,7 @@ class RunAhead(ReplicaBounds):
         """Bring the live replicas at ``positions`` to the next arrival. Each replica's events keep
         the loop's order (completions at the next arrival's instant come before it, begins after);
         between arrivals the replicas share nothing."""
-        ptr = self._open_ptr
-        t_next = self._open_times[ptr] if ptr < len(self._open_times) else math.inf
-        if self._dynamic and self._dynamic[0][0] < t_next:
-            t_next = self._dynamic[0][0]
+        t_next = self._next_arrival_ms()
         arrived_at = latest = self.now
         cores = [self.cores[self.live_views[pos].replica] for pos in positions]
         for core in cores:
