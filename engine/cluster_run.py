@@ -103,6 +103,7 @@ def _replay_part(trace: TraceArrays, config: EngineConfig, setup: EngineSetup, c
     loop = FleetLoop(trace, cp.plan, cores, router, recorder, block_size=config.kv_cache.block_size,
                      hash_lookahead=schedulers[0].kv.hash_lookahead, rejected=cp.rejected,
                      router_latency_ms=fleet.router_latency_ms, progress=progress, shared_lead=cp.shared_lead)
+    loop.release_consumed_ids = cp.release_ids
     if tier_pools is not None:
         tier_pools.set_clock(lambda: loop.now)
     if isinstance(router, LockstepRouter):

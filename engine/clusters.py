@@ -52,6 +52,9 @@ class ClusterPlan:
     # A fleet replayed in step by several processes (engine/lockstep.py): the part's seat in the
     # cost exchange, which wraps the part's router; None for a cluster or a replica replayed apart.
     lockstep_seat: object | None = None
+    # A part in step of a replay that owns its trace: it hands back the hash ids of rows already
+    # arrived, as the single loop does (every part meets every arrival, in its own process).
+    release_ids: bool = False
 
 
 def _session_hash(trace: TraceArrays, rows: np.ndarray, k: int) -> np.ndarray:

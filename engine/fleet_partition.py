@@ -24,11 +24,14 @@ from replay.engine.trace_input import TraceArrays
 
 # Routers whose choice depends on the request alone (Router.reads_replica_state is False).
 _REQUEST_ONLY = ("round_robin", "random", "session_affinity")
-# Beyond this many requests the fleet runs in one loop: its memory stays bounded by handing back
-# the rows already served (engine/page_release.py), which parts replayed apart cannot do (each
-# touches every page of its recorder's columns, its rows being spread over the whole trace, and the
-# parts' requests files are merged at the end). At 1 M reuse-heavy requests on 8 replicas behind
-# round robin, apart in one process: 92 s and a 1.27 GB peak; the single loop: 150 s and 644 MB.
+# Beyond this many requests the fleet runs in one loop unless the user names the processes
+# (``--workers`` above 1): its memory stays bounded by handing back the rows already served
+# (engine/page_release.py). Replicas apart cannot (each part touches every page of its recorder's
+# columns, its rows being spread over the whole trace, and the parts' requests files are merged at
+# the end); parts in step hand back ids and written rows, but each keeps its own whole-trace columns
+# (status, arrival, finish, replica) and request ids. At 1 M reuse-heavy requests on 8 replicas
+# behind round robin, apart in one process: 92 s and a 1.27 GB peak; the single loop: 150 s and
+# 644 MB. bench/README.md, "The whole 10 M day", has the parts in step at 10 M.
 MAX_APART_REQUESTS = 1_000_000
 # Beyond this many replicas too: each part's recorder spans the whole trace, so replaying apart
 # costs replicas x trace rows, and the merge reads the parts' files side by side (open files).
@@ -75,9 +78,12 @@ def why_replicas_meet(config: EngineConfig) -> str | None:
     return None
 
 
-def why_too_many_for_parts(plan: ArrivalPlan) -> str | None:
+def why_too_many_for_parts(plan: ArrivalPlan, workers: int | None = None) -> str | None:
     """Why a fleet with this many requests stays in one loop rather than in parts (replicas apart,
-    or in step: engine/lockstep.py), whose columns each span the trace."""
+    or in step: engine/lockstep.py), whose columns each span the trace. ``workers`` above 1 (the
+    processes the user named) runs the parts whatever their number: more memory, less time."""
+    if workers is not None and workers > 1:
+        return None
     requests = len(plan.released_rows())
     if requests > MAX_APART_REQUESTS:
         return (f"{requests:,} requests: beyond {MAX_APART_REQUESTS:,} the fleet runs in one loop, which hands "
@@ -85,9 +91,10 @@ def why_too_many_for_parts(plan: ArrivalPlan) -> str | None:
     return None
 
 
-def why_not_apart(config: EngineConfig, plan: ArrivalPlan) -> str | None:
+def why_not_apart(config: EngineConfig, plan: ArrivalPlan, workers: int | None = None) -> str | None:
     """Why this config and arrival plan keep the fleet in one loop (None: they do not, though a
-    closed-loop turn routed to another replica than its parent's still may: ``replica_targets``)."""
+    closed-loop turn routed to another replica than its parent's still may: ``replica_targets``);
+    ``workers``: the processes the user named (``why_too_many_for_parts``)."""
     why = why_replicas_share(config)
     if why is not None:
         return why
@@ -96,7 +103,7 @@ def why_not_apart(config: EngineConfig, plan: ArrivalPlan) -> str | None:
         return f"beyond {MAX_APART_REPLICAS} replicas the fleet runs in one loop (each replica apart would span the trace)"
     if plan.concurrency:
         return "load.mode concurrency shares its slots over the whole fleet"
-    why = why_too_many_for_parts(plan)
+    why = why_too_many_for_parts(plan, workers)
     if why is not None:
         return why
     if config.fleet.router == "round_robin" and plan.dependents:
@@ -105,11 +112,11 @@ def why_not_apart(config: EngineConfig, plan: ArrivalPlan) -> str | None:
 
 
 def replica_targets(config: EngineConfig, trace: TraceArrays, plan: ArrivalPlan,
-                    rejected: dict[int, str], num_gpu_blocks: int) -> np.ndarray | None:
+                    rejected: dict[int, str], num_gpu_blocks: int, workers: int | None = None) -> np.ndarray | None:
     """The replica every row of ``plan`` goes to (-1 for rows it does not release), or None when
     the fleet's replicas cannot be replayed apart. A row refused at arrival goes to no replica; it
     is recorded by the replica the router names (round robin: replica 0, as it takes no turn)."""
-    if why_not_apart(config, plan) is not None:
+    if why_not_apart(config, plan, workers) is not None:
         return None
     fleet = config.fleet
     assert fleet is not None

@@ -67,8 +67,9 @@ def lockstep_supported() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
-def why_not_lockstep(config: EngineConfig, plan: ArrivalPlan) -> str | None:
-    """Why this fleet cannot be replayed in step by several processes (None: it can)."""
+def why_not_lockstep(config: EngineConfig, plan: ArrivalPlan, workers: int | None = None) -> str | None:
+    """Why this fleet cannot be replayed in step by several processes (None: it can); ``workers``:
+    the processes the user named (fleet_partition.why_too_many_for_parts)."""
     why = why_not_one_pool(config)
     if why is not None:
         return why
@@ -83,7 +84,7 @@ def why_not_lockstep(config: EngineConfig, plan: ArrivalPlan) -> str | None:
         return "a closed-loop turn is released by a request that may run on another replica"
     if fleet.router_options.get("tier_weights"):
         return "the router's tier_weights read lower KV tiers"
-    why = why_too_many_for_parts(plan)
+    why = why_too_many_for_parts(plan, workers)
     if why is not None:
         return why
     if not lockstep_supported():

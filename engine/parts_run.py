@@ -72,13 +72,14 @@ def replay_in_parts(prepared: PreparedTrace, config: EngineConfig, outdir: str |
                     config_path: str | Path | None, overwrite: bool, check_invariants: bool, fast_forward: bool,
                     progress: ProgressFn | None, ray_address: str | None, workers: int | None,
                     apart: tuple[ArrivalPlan, np.ndarray] | None = None,
-                    in_step: ArrivalPlan | None = None) -> RunSummary:
+                    in_step: ArrivalPlan | None = None, once: bool = False) -> RunSummary:
     """A fleet of clusters (engine/clusters.py), or a fleet whose replicas share nothing (``apart``:
     its arrival plan and every row's replica, engine/fleet_partition.py), each part replayed on its
     own (here, in local processes or on Ray), or a fleet behind a cost-picking router split into
     parts replayed in step, one per process (``in_step``: its arrival plan; ``workers`` parts,
     engine/lockstep.py); the outputs merged (engine/cluster_merge.py), one run.json over the
-    whole fleet."""
+    whole fleet. ``once`` (replay_prepared's): the parts in step hand back the hash ids of rows
+    already arrived, each in its own process."""
     fleet = config.fleet
     assert fleet is not None
     trace, requests, meta, trace_path = prepared.arrays, prepared.requests, prepared.meta, prepared.trace_path
@@ -91,7 +92,7 @@ def replay_in_parts(prepared: PreparedTrace, config: EngineConfig, outdir: str |
         plan, num_parts = in_step, workers
         bounds = part_bounds(fleet.replicas, num_parts)
         exchange = CostExchange(bounds)  # shared with the processes forked below
-        plans = [dataclasses.replace(cp, lockstep_seat=exchange.seat(cp.cluster))
+        plans = [dataclasses.replace(cp, lockstep_seat=exchange.seat(cp.cluster), release_ids=once)
                  for cp in lockstep_plans(plan, requests.rejected, bounds)]
         noun = "part"  # every part at once, one per process: they wait for each other
     else:

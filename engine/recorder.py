@@ -125,6 +125,8 @@ class Recorder:
         # (write_settled_requests), whose rows' columns are then handed back.
         self._requests_writer: pq.ParquetWriter | None = None
         self._requests_written = 0  # rows of requests.parquet written
+        self._part_scan = 0  # a part in step: the trace rows before this are written or not its own
+        self._part_held = -1  # and the first row it took that had not ended at the last write (-1: none)
         self._settled_columns: list[ConsumedPrefix] | None = None
 
     # -- hot path ------------------------------------------------------------------------------
@@ -338,8 +340,12 @@ class Recorder:
         long replay holds only the requests not yet written. The groups are the ones the final write
         would make, so the file's bytes are the same. Kept whole: what the run's summary reads after
         the replay (status, output tokens, arrival and finish times, replica) and what a disaggregated fleet's
-        columns or a cluster's merge read (no early writes there)."""
-        if self.pd_columns is not None or self.cluster_part:
+        columns read (no early writes there). A part of a fleet in step writes its own rows
+        (``_write_settled_part_rows``)."""
+        if self.pd_columns is not None:
+            return
+        if self.cluster_part:
+            self._write_settled_part_rows(arrived_before)
             return
         rows = self.request_rows
         while True:
@@ -359,6 +365,33 @@ class Recorder:
             writer.write_table(self._requests_table(sel), row_group_size=REQUESTS_ROW_GROUP)
             self._requests_written = hi
             self._release_written_rows(int(sel[-1]) + 1)
+
+    def _write_settled_part_rows(self, arrived_before: int) -> None:
+        """write_settled_requests for a part of a fleet in step (engine/lockstep.py), which meets
+        every arrival but records only those its replicas take (their ``replica`` set at routing):
+        its file's next whole row groups once every row it took before them has ended. The rows
+        are those the final write would take next, so the file, and the merge of the parts' files,
+        are the same."""
+        group = _PART_REQUESTS_ROW_GROUP
+        scan = self._part_scan
+        held = self._part_held
+        if arrived_before <= scan or (held >= 0 and not self.replayed[held]):
+            return  # (a row it took that has not ended holds back every row after it, as last time)
+        taken = self.replica[scan:arrived_before] >= 0
+        open_ = np.flatnonzero(taken & ~self.replayed[scan:arrived_before])
+        self._part_held = scan + int(open_[0]) if len(open_) else -1
+        bound = self._part_held if len(open_) else arrived_before
+        ended = np.flatnonzero(self.replayed[scan:bound]) + scan  # the rows this part took, all ended
+        whole = len(ended) - len(ended) % group
+        if not whole:
+            return
+        writer = self._open_requests_writer()
+        for lo in range(0, whole, group):
+            writer.write_table(self._requests_table(ended[lo:lo + group]), row_group_size=group)
+        end = int(ended[whole - 1]) + 1
+        self._requests_written += whole
+        self._part_scan = end
+        self._release_written_rows(end)
 
     def release_unused_memory(self) -> None:
         """Hand back the pages Arrow's allocator keeps for reuse, on both threads (its heaps are per

@@ -244,22 +244,22 @@ def replay_prepared(prepared: PreparedTrace, config: EngineConfig, outdir: str |
     plan = None
     if not disaggregated and replicas_apart:
         plan = plan_arrivals(trace, config.load, config.seed, requests.selected)
-        targets = replica_targets(config, trace, plan, requests.rejected, setup.num_gpu_blocks)
+        targets = replica_targets(config, trace, plan, requests.rejected, setup.num_gpu_blocks, workers)
         if targets is not None:
             return replay_in_parts(prepared, config, outdir, setup, wall_start, ray_address=None, workers=workers,
                                      apart=(plan, targets), **common)
-        if why_not_lockstep(config, plan) is None:
+        if why_not_lockstep(config, plan, workers) is None:
             parts = parts_in_step(len(requests.selected), config.fleet.replicas, workers)  # type: ignore[union-attr]
             if parts > 1:
                 return replay_in_parts(prepared, config, outdir, setup, wall_start, ray_address=None,
-                                         workers=parts, in_step=plan, **common)
+                                         workers=parts, in_step=plan, once=once, **common)
     if workers is not None and workers > 1:
         if plan is None:
             why = "replicas_apart is off" if not disaggregated else "a disaggregated fleet's pools exchange KV"
         elif router_picks_by_cost(config):
-            why = why_not_lockstep(config, plan) or "a fleet in step cannot be replayed in parts here"
+            why = why_not_lockstep(config, plan, workers) or "a fleet in step cannot be replayed in parts here"
         else:
-            why = (why_replicas_share(config) or why_not_apart(config, plan)
+            why = (why_replicas_share(config) or why_not_apart(config, plan, workers)
                    or "a closed-loop turn can go to another replica than the turn it follows")
         raise ConfigError("--workers replays the clusters of a fleet (fleet.clusters above 1), the replicas of a "
                           "fleet that share nothing, or a kv_aware or least_loaded fleet's replicas in step, in parallel processes; "

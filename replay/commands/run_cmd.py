@@ -42,7 +42,8 @@ def run(
                                        "processes; the same bytes with any number (default: the cores, on large "
                                        "replays). A kv_aware or least_loaded fleet's replicas run in step in this "
                                        "many processes (default 2 on large replays with two cores; 1: one loop): "
-                                       "the same requests, step and chunk rows ordered by process."),
+                                       "the same requests, step and chunk rows ordered by process. Above 1,000,000 "
+                                       "requests the fleet keeps one loop (bounded memory) unless N is above 1."),
 ) -> None:
     """Replay every request of TRACE through the modeled vLLM V1 engine and write what each experienced."""
     from replay.api import prepare_any_trace, resolve_config

@@ -135,16 +135,19 @@ def test_the_cli_replays_apart_by_default(tmp_path):
     assert json.loads((tmp_path / "k" / "run.json").read_text())["fleet"]["replicas_in_step"] == 2
 
 
-def test_a_very_large_replay_stays_in_one_loop(tmp_path, monkeypatch):
-    # Beyond MAX_APART_REQUESTS the single loop's bounded memory wins (it hands back served rows).
+def test_a_very_large_replay_stays_in_one_loop_unless_processes_are_named(tmp_path, monkeypatch):
+    # Beyond MAX_APART_REQUESTS the single loop's bounded memory wins (it hands back served rows),
+    # unless the user names more than one process: then the parts run, with the one loop's results.
     import replay.engine.fleet_partition as fleet_partition
 
     monkeypatch.setattr(fleet_partition, "MAX_APART_REQUESTS", 40)
     info = _replay(tmp_path, _open_trace(41), "big", {"replicas": 2})
     assert "replicas_apart" not in info["fleet"]
     assert _replay(tmp_path, _open_trace(40), "small", {"replicas": 2})["fleet"]["replicas_apart"] is True
-    with pytest.raises(ConfigError, match="41 requests: beyond 40"):
-        _replay(tmp_path, _open_trace(41), "big2", {"replicas": 2}, workers=2)
+    assert "replicas_apart" not in _replay(tmp_path, _open_trace(41), "big1", {"replicas": 2}, workers=1)["fleet"]
+    info = _replay(tmp_path, _open_trace(41), "big2", {"replicas": 2}, workers=2)
+    assert info["fleet"]["replicas_apart"] is True
+    same_results(tmp_path / "big", tmp_path / "big2")
 
 
 def test_busy_time_is_the_same_to_the_bit(tmp_path):

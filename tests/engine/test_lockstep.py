@@ -154,6 +154,22 @@ def test_what_keeps_a_fleet_in_one_loop():
     assert "single replica" in why({"replicas": 1, "router": "kv_aware"})
 
 
+def test_beyond_the_request_cap_only_named_processes_step(tmp_path, monkeypatch):
+    # Above MAX_APART_REQUESTS the fleet keeps one loop (its memory is bounded), unless the user
+    # names the processes: then the parts run in step, with the one loop's results.
+    import replay.engine.fleet_partition as fleet_partition
+
+    monkeypatch.setattr(fleet_partition, "MAX_APART_REQUESTS", 50)
+    fleet = {"replicas": 3, "router": "kv_aware"}
+    trace = open_loop_trace(90, 3, gap_ms=4.0)
+    one = _replay(tmp_path, trace, "one", fleet)
+    assert "replicas_in_step" not in one["fleet"]
+    step = _replay(tmp_path, trace, "step", fleet, workers=2)
+    assert step["fleet"]["replicas_in_step"] == 2
+    _same_run(one, step)
+    same_results(tmp_path / "one", tmp_path / "step")
+
+
 def test_workers_refused_where_replicas_cannot_step(tmp_path):
     with pytest.raises(ConfigError, match="closed-loop"):
         _replay(tmp_path, sessions_trace(3), "x", {"replicas": 2, "router": "kv_aware"}, workers=2)

@@ -43,11 +43,11 @@ def _trace(path, n: int, *, sessions: bool) -> str:
     return str(path)
 
 
-def _replay(trace: str, out, once: bool, sets: tuple[str, ...] = ()):
+def _replay(trace: str, out, once: bool, sets: tuple[str, ...] = (), workers: int = 1):
     cfg, _ = resolve_config(None, ["kv_cache.num_gpu_blocks=2000", *sets])
     setup = resolve_setup(cfg)
     prepared = prepare_trace_file(trace, cfg, setup)
-    replay_prepared(prepared, cfg, out, setup=setup, once=once)
+    replay_prepared(prepared, cfg, out, setup=setup, once=once, workers=workers)
     return prepared.arrays
 
 
@@ -77,6 +77,40 @@ def test_ids_of_arrived_rows_are_handed_back_with_the_same_outputs(tmp_path, mon
         assert pq.read_table(tmp_path / "kept" / name).equals(pq.read_table(tmp_path / "released" / name)), name
     assert (tmp_path / "kept" / "requests.parquet").read_bytes() == (tmp_path / "released" / "requests.parquet").read_bytes()
     assert _summary(tmp_path / "kept") == _summary(tmp_path / "released")
+
+
+def test_parts_in_step_hand_back_ids_and_written_rows_too(tmp_path, monkeypatch):
+    # Every part of a fleet in step meets every arrival, in its own process: each hands back the ids
+    # of rows already arrived and writes the rows it took that have ended (the spy sees the part this
+    # process runs), with the one loop's results.
+    from replay.engine import fleet, recorder
+
+    monkeypatch.setattr(fleet, "_RELEASE_EVERY", 100)
+    monkeypatch.setattr(recorder, "_PART_REQUESTS_ROW_GROUP", 64)
+    written_before: list[int] = []
+    real = recorder.Recorder._release_written_rows
+
+    def spy(self, end: int) -> None:
+        if self.cluster_part:
+            written_before.append(end)
+        real(self, end)
+
+    monkeypatch.setattr(recorder.Recorder, "_release_written_rows", spy)
+    trace = _trace(tmp_path / "t.parquet", 1200, sessions=False)
+    sets = ("fleet.replicas=3", "fleet.router=kv_aware")
+    kept = _replay(trace, tmp_path / "kept", once=False, sets=sets)
+    released = _replay(trace, tmp_path / "released", once=True, sets=sets, workers=2)
+    assert json.loads((tmp_path / "released" / "run.json").read_text())["fleet"]["replicas_in_step"] == 2
+    assert kept.ids_released_row == 0 and released.ids_released_row == 1100
+    assert not released.hash_values[10_000:60_000].any()
+    assert written_before and written_before == sorted(written_before) and written_before[-1] > 900
+    for name in ("requests.parquet", "steps.parquet", "chunks.parquet"):
+        a = pq.read_table(tmp_path / "kept" / name)
+        b = pq.read_table(tmp_path / "released" / name)
+        if name == "requests.parquet":
+            assert a.equals(b)
+        else:  # the same rows; in step they come part after part
+            assert sorted(a.to_pylist(), key=repr) == sorted(b.to_pylist(), key=repr), name
 
 
 def test_closed_loop_turns_keep_every_id(tmp_path, monkeypatch):
