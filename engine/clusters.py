@@ -53,7 +53,8 @@ class ClusterPlan:
     # cost exchange, which wraps the part's router; None for a cluster or a replica replayed apart.
     lockstep_seat: object | None = None
     # A part in step of a replay that owns its trace: it hands back the hash ids of rows already
-    # arrived, as the single loop does (every part meets every arrival, in its own process).
+    # arrived and writes the rows it took once they have ended, as the single loop does (every part
+    # meets every arrival, in its own process).
     release_ids: bool = False
 
 

@@ -79,7 +79,7 @@ def replay_in_parts(prepared: PreparedTrace, config: EngineConfig, outdir: str |
     parts replayed in step, one per process (``in_step``: its arrival plan; ``workers`` parts,
     engine/lockstep.py); the outputs merged (engine/cluster_merge.py), one run.json over the
     whole fleet. ``once`` (replay_prepared's): the parts in step hand back the hash ids of rows
-    already arrived, each in its own process."""
+    already arrived and write the rows they took once ended, each in its own process."""
     fleet = config.fleet
     assert fleet is not None
     trace, requests, meta, trace_path = prepared.arrays, prepared.requests, prepared.meta, prepared.trace_path

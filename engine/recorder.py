@@ -379,8 +379,10 @@ class Recorder:
             return  # (a row it took that has not ended holds back every row after it, as last time)
         taken = self.replica[scan:arrived_before] >= 0
         open_ = np.flatnonzero(taken & ~self.replayed[scan:arrived_before])
-        self._part_held = scan + int(open_[0]) if len(open_) else -1
-        bound = self._part_held if len(open_) else arrived_before
+        if len(open_):
+            bound = self._part_held = scan + int(open_[0])
+        else:
+            bound, self._part_held = arrived_before, -1
         ended = np.flatnonzero(self.replayed[scan:bound]) + scan  # the rows this part took, all ended
         whole = len(ended) - len(ended) % group
         if not whole:
